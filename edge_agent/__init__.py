@@ -1,0 +1,65 @@
+"""cat-edge device side: communication-aware adaptive tuning (CAT) for IoT training.
+
+Public API::
+
+    import edge_agent as ea
+    p = ea.load_profile("cost_profiles/lorawan_eu868_dr5_sf7.json")
+    t = ea.select_t(g, "topk", p, job="demo", agent="pi-01")
+    u = ea.compress(g, "topk", t)
+    blob = ea.encode(u, job="demo", agent="pi-01", round=3, seq=0)
+    header, u2 = ea.decode(blob)
+"""
+
+from edge_agent.compressors import COMPRESSORS, Update, compress
+from edge_agent.errors import (
+    CatEdgeError,
+    DataError,
+    ProfileError,
+    TransportError,
+    UnknownNameError,
+    WireFormatError,
+)
+from edge_agent.feedback import EF21State, ResidualMemory
+from edge_agent.profiles import CostProfile, load_profile
+from edge_agent.selection import parse_policy, select_t
+from edge_agent.wire import (
+    Delta,
+    Snapshot,
+    UpdateHeader,
+    decode,
+    decode_model,
+    encode,
+    encode_delta,
+    encode_snapshot,
+    encoded_size,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "COMPRESSORS",
+    "CatEdgeError",
+    "CostProfile",
+    "DataError",
+    "Delta",
+    "EF21State",
+    "ProfileError",
+    "ResidualMemory",
+    "Snapshot",
+    "TransportError",
+    "UnknownNameError",
+    "Update",
+    "UpdateHeader",
+    "WireFormatError",
+    "__version__",
+    "compress",
+    "decode",
+    "decode_model",
+    "encode",
+    "encode_delta",
+    "encode_snapshot",
+    "encoded_size",
+    "load_profile",
+    "parse_policy",
+    "select_t",
+]

@@ -1,0 +1,90 @@
+"""JSON control messages between agents and the aggregator (topics: docs/architecture.md).
+
+Updates and model messages are binary (edge_agent.wire); these small, rare messages are JSON
+validated by pydantic on both ends (frozen, extra fields forbidden). ``parse`` raises
+WireFormatError so a service can count and drop a bad one like any other bad message.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from edge_agent.errors import WireFormatError
+
+Ident = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")]
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Hello(_Msg):
+    """Sent by an agent when it (re)joins. ``smoothness`` is its local L_i, ``rows`` its n_i.
+
+    ``fresh`` says the agent starts with empty error-feedback state (a restart): the
+    aggregator then resets what it mirrors for this agent (EF21 h_i) before applying updates.
+    ``next_seq`` is the first sequence number the agent will use.
+    """
+
+    type: Literal["hello"] = "hello"
+    job: Ident
+    agent: Ident
+    d: int = Field(gt=0)
+    rows: int = Field(ge=0)
+    smoothness: float = Field(gt=0, allow_inf_nan=False)
+    model: str
+    compressor: str
+    semantics: Literal["plain", "ef", "ef21"] = "plain"
+    policy: str = "cat"
+    profile: str = ""
+    objective: str = ""
+    fresh: bool = True
+    next_seq: int = Field(default=0, ge=0)
+    version: int | None = Field(default=None, ge=0)  # the model version the agent holds, if any
+
+
+class Status(_Msg):
+    """Agent liveness. The MQTT Last Will carries ``{"state": "offline"}``."""
+
+    type: Literal["status"] = "status"
+    state: Literal["online", "offline", "done"]
+    agent: Ident | None = None
+    round: int | None = None
+
+
+class Request(_Msg):
+    """An agent asks for a full snapshot (it saw a version gap or has no model)."""
+
+    type: Literal["request"] = "request"
+    want: Literal["snapshot"] = "snapshot"
+    have: int | None = None
+
+
+class Control(_Msg):
+    """Aggregator to agents: stop (training finished), pause, resume."""
+
+    type: Literal["control"] = "control"
+    cmd: Literal["stop", "pause", "resume"]
+    version: int | None = None
+    reason: str = ""
+
+
+M = TypeVar("M", bound=_Msg)
+
+
+def dump(msg: _Msg) -> bytes:
+    return msg.model_dump_json(exclude_none=True).encode()
+
+
+def parse(cls: type[M], payload: bytes) -> M:
+    """Validate a JSON payload as ``cls``; raises WireFormatError naming the problem."""
+    if len(payload) > 4096:
+        raise WireFormatError(f"{cls.__name__.lower()}: payload of {len(payload)} bytes exceeds 4096")
+    try:
+        return cls.model_validate_json(payload)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first.get("loc", ())) or "payload"
+        raise WireFormatError(f"{cls.__name__.lower()}: {loc}: {first.get('msg')}") from None

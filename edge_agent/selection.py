@@ -1,0 +1,338 @@
+"""CAT selection: the compression level T that maximises guaranteed decrease per unit of cost.
+
+    T* = argmax_{T_min <= T <= T_max} gain(T) / cost(size(T))      (ties: smallest T)
+
+``gain`` is the descent-lemma guarantee of the compressor (the common 1/(2L) cancels),
+``size(T)`` the exact byte size :func:`edge_agent.wire.encoded_size` gives, ``cost`` the
+profile's objective metric. The answer is exact, and for topk/signtopk it needs no full
+sort: the largest entries are found by one threshold pass, and every T beyond them is
+bounded from above using that no unseen entry exceeds the threshold (and the cost is
+nondecreasing in T). Only if the bound cannot rule them out is the threshold lowered.
+
+Policies wrap the rule: ``cat`` (every round), ``fixed:T``, ``dynamic`` (T_dyn of
+Alistarh et al.: the smallest T with A1(T) >= ||g||_2), ``hybrid:S`` (re-solve every S rounds).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from edge_agent.compressors import ValueDtype, randk_probabilities
+from edge_agent.errors import lookup
+from edge_agent.wire import encoded_size
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+Price = Callable[[IntArray], FloatArray]
+
+_SAMPLE = 4096  # entries looked at to guess the threshold
+_GRID = 1.08  # geometric step of the bound intervals beyond the seen entries
+
+
+class SupportsObjectiveCost(Protocol):
+    def objective_cost(self, size_bytes: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]: ...
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The chosen T, its ratio gain/cost, and (topk/signtopk) the top-T indices, sorted."""
+
+    t: int
+    ratio: float
+    indices: IntArray | None = None
+    widenings: int = 0
+
+
+def make_price(
+    profile: SupportsObjectiveCost,
+    compressor: str,
+    *,
+    d: int,
+    job: str,
+    agent: str,
+    round: int = 0,
+    seq: int = 0,
+    value_dtype: ValueDtype = "float32",
+) -> Price:
+    """cost(T): the profile's objective cost of the exact encoded update of T entries."""
+
+    def price(t: IntArray) -> FloatArray:
+        sizes = encoded_size(
+            compressor, d=d, t=t, job=job, agent=agent, round=round, seq=seq, value_dtype=value_dtype
+        )
+        return np.asarray(profile.objective_cost(np.asarray(sizes, dtype=np.int64)), dtype=np.float64)
+
+    return price
+
+
+def _gain(compressor: str, sorted_mags: FloatArray, t: IntArray) -> FloatArray:
+    """gain(T) * 2L for T = t (1-based counts into sorted_mags, all <= its length)."""
+    if compressor == "topk":
+        a2 = np.cumsum(sorted_mags * sorted_mags)
+        return np.asarray(a2[t - 1], dtype=np.float64)
+    a1 = np.cumsum(sorted_mags)
+    return np.asarray(a1[t - 1] ** 2 / t, dtype=np.float64)
+
+
+def _argmax(ratio: FloatArray) -> int:
+    return int(np.argmax(ratio))  # first maximum: the smallest T wins ties
+
+
+def select_exhaustive(
+    g: npt.ArrayLike, compressor: str, price: Price, *, t_min: int = 1, t_max: int | None = None
+) -> Selection:
+    """Reference answer by a full sort: evaluates every T in [t_min, t_max]."""
+    arr = np.asarray(g, dtype=np.float64)
+    d = arr.size
+    t_max = d if t_max is None else min(t_max, d)
+    _check_range(t_min, t_max, d)
+    if compressor == "dense":
+        return Selection(d, float(np.dot(arr, arr) / price(np.array([d]))[0]))
+    absg = np.abs(arr)
+    if compressor == "randk":
+        return _select_randk(arr, absg, price, t_min, t_max)
+    order = np.argsort(-absg, kind="stable")
+    ts = np.arange(t_min, t_max + 1, dtype=np.int64)
+    ratio = _gain(compressor, absg[order][:t_max], ts) / price(ts)
+    k = _argmax(ratio)
+    t = int(ts[k])
+    return Selection(t, float(ratio[k]), np.sort(order[:t]).astype(np.int64))
+
+
+def _check_range(t_min: int, t_max: int, d: int) -> None:
+    if not 1 <= t_min <= t_max <= d:
+        raise ValueError(f"need 1 <= t_min <= t_max <= d={d}, got t_min={t_min}, t_max={t_max}")
+
+
+def _select_randk(g: FloatArray, absg: FloatArray, price: Price, t_min: int, t_max: int) -> Selection:
+    """randk: gain = ||g||^4 / V(T) in expectation; priced at the expected size T (exact, sorted)."""
+    mags = np.sort(absg)[::-1]
+    nnz = int(np.count_nonzero(mags))
+    if nnz == 0:
+        return Selection(t_min, 0.0)
+    t_max = min(t_max, nnz)
+    t_min = min(t_min, t_max)
+    tail = np.concatenate([np.cumsum(mags[:nnz][::-1])[::-1], [0.0]])
+    a2 = np.concatenate([[0.0], np.cumsum(mags[:nnz] ** 2)])
+    c = np.arange(nnz) + tail[:nnz] / mags[:nnz]
+    ts = np.arange(t_min, t_max + 1, dtype=np.int64)
+    r = np.minimum(np.searchsorted(c, ts, side="right"), nnz)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = a2[r] + np.where(ts > r, tail[r] ** 2 / (ts - r), 0.0)
+    norm2 = a2[nnz]
+    ratio = norm2 * norm2 / v / price(ts)
+    k = _argmax(ratio)
+    return Selection(int(ts[k]), float(ratio[k]))
+
+
+def select(
+    g: npt.ArrayLike, compressor: str, price: Price, *, t_min: int = 1, t_max: int | None = None
+) -> Selection:
+    """Exact CAT argmax; the same answer as :func:`select_exhaustive`, without a full sort."""
+    arr = np.asarray(g, dtype=np.float64)
+    d = arr.size
+    t_max = d if t_max is None else min(t_max, d)
+    _check_range(t_min, t_max, d)
+    if compressor in ("dense", "randk"):
+        return select_exhaustive(arr, compressor, price, t_min=t_min, t_max=t_max)
+    if compressor not in ("topk", "signtopk"):
+        raise ValueError(f"CAT has no gain model for compressor {compressor!r}")
+    absg = np.abs(arr)
+    total = float(np.dot(arr, arr)) if compressor == "topk" else float(absg.sum())
+    want = _guess_count(absg, compressor, price, t_max)
+    widenings = 0
+    while True:
+        want = max(want, t_min)
+        if 4 * want >= d:
+            out = select_exhaustive(arr, compressor, price, t_min=t_min, t_max=t_max)
+            return Selection(out.t, out.ratio, out.indices, widenings)
+        tau = _threshold(absg, want)
+        cand = np.flatnonzero(absg >= tau)
+        if cand.size >= t_min and cand.size < d:
+            mags = absg[cand]
+            order = np.argsort(-mags, kind="stable")
+            mags = mags[order]
+            k_seen = min(cand.size, t_max)
+            ts = np.arange(t_min, k_seen + 1, dtype=np.int64)
+            ratio = _gain(compressor, mags[:k_seen], ts) / price(ts)
+            k = _argmax(ratio)
+            best_t, best = int(ts[k]), float(ratio[k])
+            if k_seen == t_max or _beyond_bound(
+                compressor, mags, cand.size, tau, total, price, t_max
+            ) <= best:
+                idx = np.sort(cand[order[:best_t]]).astype(np.int64)
+                return Selection(best_t, best, idx, widenings)
+        widenings += 1
+        want *= 4
+
+
+def _guess_count(absg: FloatArray, compressor: str, price: Price, t_max: int) -> int:
+    """A cheap guess of how many top entries the answer needs (from a strided sample)."""
+    d = absg.size
+    stride = max(1, d // _SAMPLE)
+    sample = np.sort(absg[::stride])[::-1]
+    ts = (np.arange(1, sample.size + 1, dtype=np.int64) * stride).clip(max=t_max)
+    if compressor == "topk":
+        gain = np.cumsum(sample * sample) * stride
+    else:
+        gain = (np.cumsum(sample) * stride) ** 2 / ts
+    k = int(np.argmax(gain / price(ts)))
+    return max(64, 2 * int(ts[k]) + 4 * stride)
+
+
+def _threshold(absg: FloatArray, want: int) -> float:
+    """A magnitude such that roughly ``want`` entries are >= it (estimated from a sample)."""
+    d = absg.size
+    stride = max(1, d // (4 * _SAMPLE))
+    sample = np.sort(absg[::stride])[::-1]
+    pos = min(sample.size - 1, max(0, want // stride))
+    return float(sample[pos])
+
+
+def _beyond_bound(
+    compressor: str,
+    mags: FloatArray,
+    seen: int,
+    tau: float,
+    total: float,
+    price: Price,
+    t_max: int,
+) -> float:
+    """An upper bound on gain(T)/cost(T) for every T in (seen, t_max].
+
+    Unseen entries are all < tau. On each interval [a, b] of a geometric grid the gain is
+    at most its value at b under that bound (capped by the total) and the cost at least
+    cost(a), since cost is nondecreasing in T.
+    """
+    starts = [seen + 1]
+    while starts[-1] <= t_max:
+        starts.append(max(starts[-1] + 1, int(starts[-1] * _GRID)))
+    a = np.array(starts[:-1], dtype=np.int64)
+    b = np.array(starts[1:], dtype=np.int64) - 1
+    b = np.minimum(b, t_max)
+    if compressor == "topk":
+        base = float(np.dot(mags, mags))
+        gain = np.minimum(base + (b - seen) * tau * tau, total)
+    else:
+        base = float(mags.sum())
+        gain = np.minimum(base + (b - seen) * tau, total) ** 2 / a
+    return float((gain / price(a)).max())
+
+
+def dynamic_t(g: npt.ArrayLike, *, t_max: int | None = None) -> int:
+    """T_dyn = min{T : A1(T) >= ||g||_2} (Alistarh et al., as in the paper's comparison)."""
+    absg = np.abs(np.asarray(g, dtype=np.float64))
+    d = absg.size
+    norm = float(np.sqrt(np.dot(absg, absg)))
+    cap = d if t_max is None else min(t_max, d)
+    if norm == 0.0:
+        return 1
+    want = 64
+    while True:
+        if 4 * want >= d:
+            a1 = np.cumsum(np.sort(absg)[::-1])
+        else:
+            tau = _threshold(absg, want)
+            top = np.sort(absg[absg >= tau])[::-1]
+            a1 = np.cumsum(top)
+            if a1.size == 0 or a1[-1] < norm:
+                want *= 4
+                continue
+        t = int(np.searchsorted(a1, norm, side="left")) + 1
+        return max(1, min(t, cap, a1.size))
+
+
+# ---------------------------------------------------------------- policies
+
+
+@dataclass
+class Policy:
+    """How an agent picks T each round; ``choose`` sees the vector it is about to compress."""
+
+    name: str = "cat"
+
+    def choose(self, v: FloatArray, compressor: str, price: Price, round_index: int) -> Selection:
+        return select(v, compressor, price)
+
+
+@dataclass
+class FixedPolicy(Policy):
+    t: int = 1
+
+    def choose(self, v: FloatArray, compressor: str, price: Price, round_index: int) -> Selection:
+        t = min(self.t, v.size)
+        return Selection(t, float("nan"))
+
+
+@dataclass
+class DynamicPolicy(Policy):
+    def choose(self, v: FloatArray, compressor: str, price: Price, round_index: int) -> Selection:
+        return Selection(dynamic_t(v), float("nan"))
+
+
+@dataclass
+class HybridPolicy(Policy):
+    """The paper's heuristic: solve for T* every ``every`` rounds, keep T fixed between."""
+
+    every: int = 200
+    _t: int | None = field(default=None, repr=False)
+    _last: int = field(default=-(10**18), repr=False)
+
+    def choose(self, v: FloatArray, compressor: str, price: Price, round_index: int) -> Selection:
+        if self._t is None or round_index - self._last >= self.every:
+            sel = select(v, compressor, price)
+            self._t, self._last = sel.t, round_index
+            return sel
+        return Selection(min(self._t, v.size), float("nan"))
+
+
+def _positive(text: str, what: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"policy {what!r}: expected a positive integer after ':', got {text!r}")
+    return n
+
+
+POLICIES: dict[str, Callable[[str], Policy]] = {
+    "cat": lambda arg: Policy("cat"),
+    "fixed": lambda arg: FixedPolicy("fixed", _positive(arg, "fixed:T")),
+    "dynamic": lambda arg: DynamicPolicy("dynamic"),
+    "hybrid": lambda arg: HybridPolicy("hybrid", _positive(arg or "200", "hybrid:S")),
+}
+
+
+def parse_policy(spec: str) -> Policy:
+    """``cat`` | ``fixed:T`` | ``dynamic`` | ``hybrid:S`` (S defaults to 200)."""
+    name, _, arg = spec.partition(":")
+    factory = lookup(POLICIES, name, "policy")  # type: ignore[arg-type]
+    policy: Policy = factory(arg)  # type: ignore[operator]
+    return policy
+
+
+def select_t(
+    g: npt.ArrayLike,
+    compressor: str,
+    profile: SupportsObjectiveCost,
+    *,
+    job: str,
+    agent: str,
+    round: int = 0,
+    seq: int = 0,
+    t_min: int = 1,
+    t_max: int | None = None,
+    value_dtype: ValueDtype = "float32",
+) -> int:
+    """CAT's T* for gradient ``g`` on ``profile``, priced with the exact encoded size."""
+    arr = np.asarray(g, dtype=np.float64)
+    price = make_price(
+        profile, compressor, d=arr.size, job=job, agent=agent, round=round, seq=seq, value_dtype=value_dtype
+    )
+    return select(arr, compressor, price, t_min=t_min, t_max=t_max).t
