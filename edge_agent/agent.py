@@ -1,0 +1,421 @@
+"""The agent loop: what runs on a device next to a radio.
+
+One :class:`Agent` owns a data shard, an exact copy of the model (a snapshot plus sparse
+deltas), a cost profile for its own link, a policy for T, optional error feedback, and a
+transport. Per model version it computes the local gradient, picks T, compresses, encodes
+and publishes one update tagged with that version, then waits for the next version.
+
+The loop is driven two ways with the same code: :meth:`Agent.run` (a real process: blocks
+on the transport, honours the duty cycle, re-sends on silence) and :meth:`Agent.handle` +
+:meth:`Agent.step` (the simulator pumps messages itself over ``memory://``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from edge_agent import messages
+from edge_agent.compressors import ValueDtype, compress
+from edge_agent.data import Dataset
+from edge_agent.errors import WireFormatError
+from edge_agent.feedback import FEEDBACK, Feedback
+from edge_agent.models import Model
+from edge_agent.profiles import CostProfile, MessageCost
+from edge_agent.selection import Policy, make_price, parse_policy
+from edge_agent.transports import Message, Transport, topics
+from edge_agent.wire import Delta, Snapshot, decode_model, encode
+
+log = logging.getLogger("edge_agent")
+
+FloatArray = npt.NDArray[np.float64]
+FeedbackName = Literal["none", "ef", "ef21"]
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """What an agent does; everything else (data, model, link, transport) is passed in."""
+
+    job: str
+    agent_id: str
+    compressor: str = "topk"
+    policy: str = "cat"
+    feedback: FeedbackName = "none"
+    value_dtype: ValueDtype = "float32"
+    t_min: int = 1
+    t_max: int | None = None
+    seed: int = 0
+    #: Re-send the last update (same seq: the aggregator de-duplicates) or the hello after
+    #: this many seconds without a new model version; None: never (MQTT QoS 1 delivers).
+    resend_s: float | None = 10.0
+    #: "wait": stay silent as the profile's duty cycle demands; "ignore": only account it.
+    duty_cycle: Literal["wait", "ignore"] = "wait"
+    max_rounds: int | None = None
+
+
+@dataclass
+class CostLedger:
+    """Everything this agent put on its link, per metric (units in the names)."""
+
+    messages: int = 0
+    updates: int = 0
+    size_bytes: int = 0
+    bytes_on_air: int = 0
+    packets: int = 0
+    bits: float = 0.0
+    airtime_s: float = 0.0
+    energy_j: float = 0.0
+    silence_s: float = 0.0
+
+    def add(self, cost: MessageCost, *, update: bool) -> None:
+        self.messages += 1
+        self.updates += int(update)
+        self.size_bytes += cost.size_bytes
+        self.bytes_on_air += cost.bytes_on_air
+        self.packets += cost.packets
+        self.bits += cost.bits
+        self.airtime_s += cost.airtime_s
+        self.energy_j += cost.energy_j
+        self.silence_s += cost.silence_s
+
+
+@dataclass(frozen=True)
+class RoundLog:
+    """One update sent: its level, its cost on the link, and where the time went."""
+
+    round: int
+    seq: int
+    t: int
+    size_bytes: int
+    packets: int
+    airtime_s: float
+    energy_j: float
+    loss: float
+    grad_s: float
+    select_s: float
+    compress_s: float
+    encode_s: float
+    send_s: float
+
+    def line(self) -> str:
+        return (
+            f"round {self.round:>5}  T={self.t:<6} bytes={self.size_bytes:<7} "
+            f"packets={self.packets:<4} airtime={self.airtime_s:.4f}s "
+            f"energy={self.energy_j:.5f}J loss={self.loss:.6f}"
+        )
+
+
+@dataclass
+class AgentCounters:
+    """Inbound messages this agent dropped, by reason."""
+
+    dropped: dict[str, int] = field(default_factory=dict)
+    snapshots: int = 0
+    deltas: int = 0
+    requests: int = 0
+    resends: int = 0
+
+    def drop(self, reason: str) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+
+
+class Agent:
+    """A CAT edge agent. Not thread-safe: one thread drives it (``stop()`` is the exception)."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        model: Model,
+        data: Dataset,
+        profile: CostProfile,
+        transport: Transport,
+        smoothness: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        on_round: Callable[[RoundLog], None] | None = None,
+    ) -> None:
+        topics.validate_id(config.job, "job")
+        topics.validate_id(config.agent_id, "agent id")
+        if model.d != data.n_features * (1 if model.kind != "softmax" else model.n_classes):
+            pass  # the model checks shapes itself on every gradient
+        self.config = config
+        self.model = model
+        self.data = data
+        self.profile = profile
+        self.transport = transport
+        self.clock = clock
+        self.on_round = on_round
+        self.rng = np.random.default_rng(config.seed)
+        self.policy: Policy = parse_policy(config.policy)
+        self.feedback: Feedback = FEEDBACK[config.feedback](model.d)
+        self.smoothness = (
+            smoothness if smoothness is not None else model.smoothness(data, rng=np.random.default_rng(config.seed))
+        )
+        self.x: FloatArray | None = None
+        self.version: int | None = None
+        self.sent_version: int | None = None
+        self.seq = 0
+        self.rounds = 0
+        self.ledger = CostLedger()
+        self.counters = AgentCounters()
+        self.last_log: RoundLog | None = None
+        self.paused = False
+        self.finished = False
+        self._stop = threading.Event()
+        self._last_blob: bytes | None = None
+        self._last_progress = clock()
+        self._quiet_until = 0.0
+        self._fresh = True
+        self._topic_update = topics.update(config.job, config.agent_id)
+        self._topic_model = topics.model(config.job)
+        self._topic_delta = topics.delta(config.job)
+        self._topic_control = topics.control(config.job)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Connect, subscribe to the job's model topics, say hello, ask for the model."""
+        job, me = self.config.job, self.config.agent_id
+        self.transport.set_will(topics.status(job, me), messages.dump(messages.Status(state="offline", agent=me)))
+        self.transport.connect()
+        for pattern in topics.agent_subscriptions(job):
+            self.transport.subscribe(pattern)
+        self._say_hello()
+
+    def _say_hello(self) -> None:
+        job, me = self.config.job, self.config.agent_id
+        hello = messages.Hello(
+            job=job,
+            agent=me,
+            d=self.model.d,
+            rows=self.data.n_rows,
+            smoothness=self.smoothness,
+            model=self.model.kind,
+            compressor=self.config.compressor,
+            semantics=self.feedback.semantics,
+            policy=self.config.policy,
+            profile=self.profile.name,
+            objective=self.profile.objective,
+            fresh=self._fresh,
+            next_seq=self.seq,
+            version=self.version,
+        )
+        self._send_control(topics.hello(job, me), messages.dump(hello))
+        self._send_control(topics.status(job, me), messages.dump(messages.Status(state="online", agent=me)))
+        if self.x is None:
+            self._request_snapshot()
+        self._last_progress = self.clock()
+
+    def _request_snapshot(self) -> None:
+        self.counters.requests += 1
+        req = messages.Request(have=self.version)
+        self._send_control(topics.request(self.config.job, self.config.agent_id), messages.dump(req))
+
+    def _send_control(self, topic: str, payload: bytes) -> None:
+        """Control traffic costs radio time too: it goes into the ledger (not as an update)."""
+        self.transport.publish(topic, payload)
+        self.ledger.add(self.profile.message_cost(len(payload)), update=False)
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return (safe from a signal handler or another thread)."""
+        self._stop.set()
+
+    def close(self, state: Literal["offline", "done"] = "offline") -> None:
+        """Say goodbye (status) and close the transport; idempotent."""
+        try:
+            if self.transport.connected:
+                status = messages.Status(state=state, agent=self.config.agent_id, round=self.version)
+                self.transport.publish(topics.status(self.config.job, self.config.agent_id), messages.dump(status))
+        finally:
+            self.transport.close()
+
+    # ------------------------------------------------------------------ inbound
+
+    def handle(self, msg: Message) -> None:
+        """Apply one inbound message. A bad one is counted, logged and dropped, never raised."""
+        try:
+            if msg.topic == self._topic_delta or msg.topic == self._topic_model:
+                self._handle_model(msg.payload)
+            elif msg.topic == self._topic_control:
+                self._handle_control(messages.parse(messages.Control, msg.payload))
+            else:
+                self.counters.drop("unexpected_topic")
+        except WireFormatError as exc:
+            self.counters.drop("malformed")
+            if self.counters.dropped["malformed"] == 1:
+                log.warning("dropped a malformed message on %s: %s", msg.topic, exc.reason)
+
+    def _handle_model(self, payload: bytes) -> None:
+        m = decode_model(payload)
+        if m.job != self.config.job:
+            self.counters.drop("wrong_job")
+            return
+        if isinstance(m, Snapshot):
+            self._apply_snapshot(m)
+        else:
+            self._apply_delta(m)
+
+    def _apply_snapshot(self, snap: Snapshot) -> None:
+        if snap.x.size != self.model.d:
+            self.counters.drop("wrong_d")
+            log.error("snapshot has d=%d, this agent's model has d=%d", snap.x.size, self.model.d)
+            return
+        if self.version is not None and snap.version < self.version:
+            self.counters.drop("old_snapshot")
+            return
+        self.counters.snapshots += 1
+        if self.version == snap.version and self.sent_version == snap.version and self._last_blob:
+            # The aggregator (re)announced the version we already answered: it may have
+            # restarted and lost the open round. Same bytes, same seq: it de-duplicates.
+            self._resend()
+        self.x = snap.x.copy()
+        self.version = snap.version
+        self._last_progress = self.clock()
+
+    def _apply_delta(self, delta: Delta) -> None:
+        if self.x is None or self.version is None:
+            return  # a snapshot is on its way (we asked for it)
+        if delta.d != self.model.d:
+            self.counters.drop("wrong_d")
+            return
+        if delta.version <= self.version:
+            return  # already have it
+        if delta.base_version != self.version:
+            self.counters.drop("version_gap")
+            self._request_snapshot()
+            return
+        self.counters.deltas += 1
+        delta.apply(self.x)
+        self.version = delta.version
+        self._last_progress = self.clock()
+
+    def _handle_control(self, ctl: messages.Control) -> None:
+        if ctl.cmd == "stop":
+            self.finished = True
+            self._stop.set()
+        else:
+            self.paused = ctl.cmd == "pause"
+
+    # ------------------------------------------------------------------ outbound
+
+    @property
+    def due(self) -> bool:
+        """True when there is a model version this agent has not answered yet."""
+        return (
+            self.x is not None
+            and self.version != self.sent_version
+            and not self.paused
+            and not self.finished
+            and (self.config.max_rounds is None or self.rounds < self.config.max_rounds)
+        )
+
+    def step(self) -> RoundLog | None:
+        """If due, compute, compress, encode and publish one update; return its log."""
+        if not self.due:
+            return None
+        assert self.x is not None and self.version is not None
+        cfg = self.config
+        t0 = time.perf_counter()
+        loss, g = self.model.loss_grad(self.x, self.data)
+        t1 = time.perf_counter()
+        v = self.feedback.prepare(g)
+        price = make_price(
+            self.profile,
+            cfg.compressor,
+            d=v.size,
+            job=cfg.job,
+            agent=cfg.agent_id,
+            round=self.version,
+            seq=self.seq,
+            value_dtype=cfg.value_dtype,
+        )
+        chosen = self.policy.choose(v, cfg.compressor, price, self.rounds)
+        t = max(cfg.t_min, min(chosen.t, cfg.t_max or v.size, v.size))
+        t2 = time.perf_counter()
+        order = chosen.indices if chosen.indices is not None and chosen.indices.size == t else None
+        update = compress(v, cfg.compressor, t, rng=self.rng, value_dtype=cfg.value_dtype, order=order)
+        update = _with_semantics(update, self.feedback)
+        t3 = time.perf_counter()
+        blob = encode(update, job=cfg.job, agent=cfg.agent_id, round=self.version, seq=self.seq)
+        t4 = time.perf_counter()
+        self.transport.publish(self._topic_update, blob)
+        t5 = time.perf_counter()
+        # Only once the transport has it: the memory must match what the aggregator applies.
+        self.feedback.commit(v, update)
+        cost = self.profile.message_cost(len(blob))
+        self.ledger.add(cost, update=True)
+        self._quiet_until = self.clock() + cost.silence_s
+        entry = RoundLog(
+            round=self.version,
+            seq=self.seq,
+            t=update.t,
+            size_bytes=len(blob),
+            packets=cost.packets,
+            airtime_s=cost.airtime_s,
+            energy_j=cost.energy_j,
+            loss=loss,
+            grad_s=t1 - t0,
+            select_s=t2 - t1,
+            compress_s=t3 - t2,
+            encode_s=t4 - t3,
+            send_s=t5 - t4,
+        )
+        self.sent_version = self.version
+        self.seq += 1
+        self.rounds += 1
+        self._fresh = False
+        self._last_blob = blob
+        self._last_progress = self.clock()
+        self.last_log = entry
+        if self.on_round is not None:
+            self.on_round(entry)
+        return entry
+
+    def _resend(self) -> None:
+        if self._last_blob is None:
+            return
+        self.counters.resends += 1
+        self.transport.publish(self._topic_update, self._last_blob)
+        self.ledger.add(self.profile.message_cost(len(self._last_blob)), update=False)
+        self._last_progress = self.clock()
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self, *, poll_s: float = 0.05) -> None:
+        """Serve until stopped (control ``stop``, :meth:`stop`, or ``max_rounds`` answered)."""
+        cfg = self.config
+        while not self._stop.is_set():
+            msg = self.transport.recv(timeout_s=poll_s)
+            while msg is not None:
+                self.handle(msg)
+                msg = self.transport.recv(timeout_s=0)
+            if self._stop.is_set():
+                break
+            now = self.clock()
+            if self.due and (cfg.duty_cycle == "ignore" or now >= self._quiet_until):
+                self.step()
+            elif cfg.max_rounds is not None and self.rounds >= cfg.max_rounds and self.version != self.sent_version:
+                break
+            elif cfg.resend_s is not None and now - self._last_progress >= cfg.resend_s:
+                if self.x is None:
+                    self._say_hello()
+                else:
+                    self._resend()
+
+
+def _with_semantics(update: object, feedback: Feedback) -> object:
+    from dataclasses import replace
+
+    from edge_agent.compressors import Update
+
+    assert isinstance(update, Update)
+    if update.semantics == feedback.semantics:
+        return update
+    return replace(update, semantics=feedback.semantics)
