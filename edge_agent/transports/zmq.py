@@ -1,0 +1,536 @@
+"""Brokerless ZeroMQ transport (``zmq+tcp://host:port``), socket layout per docs/architecture.md.
+
+* aggregator: binds ``PULL`` at ``port`` (inbound from agents) and ``PUB`` at ``port + 1``.
+* agent: connects ``PUSH`` to ``port`` and ``SUB`` to ``port + 1``.
+
+Messages are two frames ``[topic utf-8, payload]``. subscribe(pattern) installs the
+pattern's literal prefix as the SUB filter (agents) and every inbound message is then matched
+exactly with :func:`topics.matches`, on both roles, so filtering agrees with MQTT.
+
+Threading: ZeroMQ sockets are not thread-safe, so one I/O thread per transport creates and
+owns both sockets. publish()/subscribe() put commands on a queue and wake the thread through
+a socket pair; inbound messages go to the base class inbox. publish() therefore never blocks.
+
+Delivery: no broker, no retained message, no Last Will (set_will is a no-op) and no
+persistence. The PUSH socket does not set ``IMMEDIATE``: like MQTT's offline queue, messages
+published before the aggregator is reachable wait in the socket's pipe (up to ``sndhwm``)
+and are delivered when it connects. Beyond that, a message waits in our own queue for at most
+``send_timeout_s`` and is then dropped and counted in ``stats.dropped``. PUB never blocks
+(slow subscribers lose messages beyond their high-water mark, which ZeroMQ does not report).
+
+Options: ``timeout_s`` (bind/connect setup, default 5), ``linger_ms`` (flush time at close,
+default 2000), ``sndhwm`` / ``rcvhwm`` (messages, default 1000), ``send_timeout_s``
+(default 5), ``max_pending`` (default 10000), ``reconnect_ivl_ms`` (default 100),
+``reconnect_ivl_max_ms`` (default 5000), ``heartbeat_ms`` (ZMTP ping interval, default 5000;
+a peer silent for 3 intervals is dropped and reconnected).
+
+CurveZMQ (encryption + server authentication): the aggregator passes
+``curve_server_secret_file``; an agent passes ``curve_server_public_key`` (z85, 40 chars) or
+``curve_server_public_key_file``, and optionally ``curve_client_secret_file`` (an ephemeral
+client key pair is generated otherwise). Client keys are not checked by the aggregator (no
+ZAP handler): CURVE here protects against eavesdropping and against talking to an impostor
+aggregator, not against unknown agents. Make keys with :func:`generate_curve_keypair`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from edge_agent.errors import TransportError
+from edge_agent.transports import topics
+from edge_agent.transports.base import Message, Role, Transport
+from edge_agent.transports.url import OptionReader, parse_url
+
+log = logging.getLogger(__name__)
+
+_MONITOR_EVENTS = (
+    zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
+_HANDSHAKE_FAILED = (
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
+
+
+def generate_curve_keypair(
+    directory: str | os.PathLike[str], name: str = "curve"
+) -> tuple[Path, Path]:
+    """Write a CurveZMQ key pair as z85 text: ``<name>.public`` and ``<name>.secret`` (0600).
+
+    Returns (public_path, secret_path). Give the secret file to the process that owns it
+    (``curve_server_secret_file`` / ``curve_client_secret_file``) and the public key to peers.
+    """
+    if not zmq.has("curve"):
+        raise TransportError("this libzmq was built without CURVE support; install pyzmq wheels")
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    public, secret = zmq.curve_keypair()
+    public_path, secret_path = folder / f"{name}.public", folder / f"{name}.secret"
+    public_path.write_bytes(public + b"\n")
+    fd = os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(secret + b"\n")
+    return public_path, secret_path
+
+
+def _read_key(url: str, option: str, path: str) -> bytes:
+    try:
+        key = Path(path).read_bytes().strip()
+    except OSError as exc:
+        raise TransportError(f"{url}: cannot read {option} {path!r}: {exc.strerror}") from None
+    return _check_key(url, option, key)
+
+
+def _check_key(url: str, option: str, key: bytes) -> bytes:
+    if len(key) != 40:
+        raise TransportError(
+            f"{url}: {option} must be a 40-character z85 CURVE key (see "
+            f"generate_curve_keypair), got {len(key)} characters"
+        )
+    return key
+
+
+@dataclass(frozen=True, slots=True)
+class _Curve:
+    server: bool
+    public: bytes
+    secret: bytes
+    server_public: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Publish:
+    topic: bytes
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class _Subscribe:
+    prefix: bytes
+
+
+class ZmqTransport(Transport):
+    """ZeroMQ PUSH/PULL + PUB/SUB transport; see the module docstring."""
+
+    def __init__(self, url: str, *, role: Role, client_id: str, **options: object) -> None:
+        super().__init__(url, role=role, client_id=client_id)
+        parsed = parse_url(url)
+        if parsed.scheme != "zmq+tcp":
+            raise TransportError(f"{self.url}: ZmqTransport needs a zmq+tcp:// URL")
+        if parsed.port is None or not 0 < parsed.port < 65535:
+            raise TransportError(
+                f"{self.url}: give a port below 65535 (the PUB socket uses port + 1), "
+                "e.g. zmq+tcp://0.0.0.0:5555"
+            )
+        host = f"[{parsed.host}]" if ":" in parsed.host else parsed.host
+        self._ipv6 = ":" in parsed.host
+        self._endpoints = (f"tcp://{host}:{parsed.port}", f"tcp://{host}:{parsed.port + 1}")
+        opts = OptionReader(url, {**parsed.options, **options})
+        self._timeout_s = opts.get_float("timeout_s", 5.0)
+        self._linger_ms = opts.get_int("linger_ms", 2000)
+        self._sndhwm = opts.get_int("sndhwm", 1000)
+        self._rcvhwm = opts.get_int("rcvhwm", 1000)
+        self._send_timeout_s = opts.get_float("send_timeout_s", 5.0)
+        self._max_pending = opts.get_int("max_pending", 10000, minimum=1)
+        self._reconnect_ivl_ms = opts.get_int("reconnect_ivl_ms", 100, minimum=1)
+        self._reconnect_ivl_max_ms = opts.get_int("reconnect_ivl_max_ms", 5000)
+        self._heartbeat_ms = opts.get_int("heartbeat_ms", 5000)
+        self._curve = self._curve_config(opts)
+        opts.finish()
+
+        self._commands: queue.SimpleQueue[_Publish | _Subscribe] = queue.SimpleQueue()
+        self._patterns: tuple[str, ...] = ()  # replaced, never mutated: read lock-free
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._start_error: str | None = None
+        self._thread: threading.Thread | None = None
+        self._ctx: zmq.Context[Any] | None = None
+        self._wake_r: socket.socket | None = None
+        self._wake_w: socket.socket | None = None
+        self._connected = False
+        self._closed = False
+
+    def _curve_config(self, opts: OptionReader) -> _Curve | None:
+        server_secret_file = opts.get_str("curve_server_secret_file")
+        server_public = opts.get_str("curve_server_public_key")
+        server_public_file = opts.get_str("curve_server_public_key_file")
+        client_secret_file = opts.get_str("curve_client_secret_file")
+        if self.role == "aggregator":
+            if server_public or server_public_file or client_secret_file:
+                raise TransportError(
+                    f"{self.url}: the aggregator takes only curve_server_secret_file; "
+                    "curve_server_public_key(_file) and curve_client_secret_file are agent options"
+                )
+            if server_secret_file is None:
+                return None
+            secret = _read_key(self.url, "curve_server_secret_file", server_secret_file)
+            return _Curve(server=True, public=zmq.curve_public(secret), secret=secret)
+        if server_secret_file is not None:
+            raise TransportError(
+                f"{self.url}: curve_server_secret_file is an aggregator option; agents take "
+                "curve_server_public_key (or _file) and optionally curve_client_secret_file"
+            )
+        if server_public is not None and server_public_file is not None:
+            raise TransportError(
+                f"{self.url}: give curve_server_public_key or curve_server_public_key_file, not both"
+            )
+        if server_public_file is not None:
+            server_key = _read_key(self.url, "curve_server_public_key_file", server_public_file)
+        elif server_public is not None:
+            server_key = _check_key(self.url, "curve_server_public_key", server_public.encode())
+        else:
+            if client_secret_file is not None:
+                raise TransportError(
+                    f"{self.url}: curve_client_secret_file needs curve_server_public_key"
+                )
+            return None
+        if client_secret_file is not None:
+            secret = _read_key(self.url, "curve_client_secret_file", client_secret_file)
+            public = zmq.curve_public(secret)
+        else:
+            public, secret = zmq.curve_keypair()
+        return _Curve(server=False, public=public, secret=secret, server_public=server_key)
+
+    # -- the contract --------------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        """Aggregator: both sockets bound. Agent: the PUSH socket has completed a handshake
+        with the aggregator and not lost it since."""
+        return self._connected
+
+    def connect(self) -> None:
+        """Start the I/O thread, bind (aggregator) or connect (agent). An agent does not wait
+        for the aggregator to exist: ZeroMQ connects in the background and reconnects."""
+        with self._lock:
+            if self._closed:
+                raise TransportError(f"{self.url}: transport is closed; open a new one")
+            if self._thread is not None:
+                return
+            self._stop.clear()
+            self._ready.clear()
+            self._start_error = None
+            self._ctx = zmq.Context(io_threads=1)
+            self._wake_r, self._wake_w = socket.socketpair()
+            self._wake_r.setblocking(False)
+            self._wake_w.setblocking(False)
+            self._thread = threading.Thread(
+                target=self._run, name=f"zmq-transport-{self.client_id}", daemon=True
+            )
+            self._thread.start()
+        if not self._ready.wait(self._timeout_s) or self._start_error is not None:
+            error = (
+                self._start_error or f"the socket thread did not start within {self._timeout_s:g} s"
+            )
+            self._teardown()
+            with self._lock:
+                self._thread = None
+            raise TransportError(error)
+
+    def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
+        """Queue for the I/O thread (never blocks). ``retain`` is ignored: ZeroMQ has no
+        retained messages (agents send a snapshot request instead)."""
+        topics.validate_topic(topic)
+        if self._closed:
+            raise TransportError(f"{self.url}: publish after close(); open a new transport")
+        self._commands.put(_Publish(topic.encode(), bytes(payload)))
+        self._count("published")
+        self._wake()
+
+    def subscribe(self, pattern: str) -> None:
+        topics.validate_pattern(pattern)
+        with self._lock:
+            if self._closed:
+                raise TransportError(f"{self.url}: subscribe after close()")
+            if pattern in self._patterns:
+                return
+            self._patterns = (*self._patterns, pattern)
+        if self.role == "agent":
+            self._commands.put(_Subscribe(topics.literal_prefix(pattern).encode()))
+            self._wake()
+
+    def set_will(self, topic: str, payload: bytes) -> None:
+        """No-op: ZeroMQ has no Last Will; the aggregator notices silence by timeout."""
+        topics.validate_topic(topic)
+
+    def close(self) -> None:
+        """Stop the I/O thread; sockets close with ``linger_ms`` to flush what is queued."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._teardown()
+        self._wake_receivers()
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        w = self._wake_w
+        if w is not None:
+            # A full buffer means the thread is already awake; closing races are harmless.
+            with contextlib.suppress(OSError):
+                w.send(b"\0")
+
+    def _teardown(self) -> None:
+        self._stop.set()
+        self._wake()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=self._timeout_s + self._linger_ms / 1000 + 5)
+            if thread.is_alive():
+                # term() would wait for its sockets forever; leak rather than hang close().
+                log.error("%s: I/O thread did not stop; leaking it and its context", self.url)
+                self._ctx = None
+        if self._ctx is not None:
+            # All sockets are closed by the I/O thread; term() waits at most linger_ms.
+            self._ctx.term()
+            self._ctx = None
+        for s in (self._wake_r, self._wake_w):
+            if s is not None:
+                s.close()
+        self._wake_r = self._wake_w = None
+        self._connected = False
+
+    def _configure(self, sock: zmq.Socket[Any], *, connect_side: bool) -> None:
+        # Only outbound sockets have anything worth flushing at close; a SUB would otherwise
+        # wait out the linger trying to deliver its subscriptions to a vanished publisher.
+        sends = sock.type in (zmq.PUSH, zmq.PUB)
+        sock.setsockopt(zmq.LINGER, self._linger_ms if sends else 0)
+        sock.setsockopt(zmq.SNDHWM, self._sndhwm)
+        sock.setsockopt(zmq.RCVHWM, self._rcvhwm)
+        sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+        sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, 60)
+        sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, 10)
+        if self._ipv6:
+            sock.setsockopt(zmq.IPV6, 1)
+        if self._heartbeat_ms:
+            sock.setsockopt(zmq.HEARTBEAT_IVL, self._heartbeat_ms)
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * self._heartbeat_ms)
+        if connect_side:
+            sock.setsockopt(zmq.RECONNECT_IVL, self._reconnect_ivl_ms)
+            sock.setsockopt(zmq.RECONNECT_IVL_MAX, self._reconnect_ivl_max_ms)
+        curve = self._curve
+        if curve is not None:
+            if curve.server:
+                sock.curve_server = True
+                sock.curve_secretkey = curve.secret
+                sock.curve_publickey = curve.public
+            else:
+                assert curve.server_public is not None
+                sock.curve_serverkey = curve.server_public
+                sock.curve_publickey = curve.public
+                sock.curve_secretkey = curve.secret
+
+    def _open_sockets(
+        self, ctx: zmq.Context[Any]
+    ) -> tuple[zmq.Socket[Any], zmq.Socket[Any], zmq.Socket[Any] | None]:
+        """Return (inbound, outbound, monitor) sockets, bound or connected."""
+        pull_ep, pub_ep = self._endpoints
+        if self.role == "aggregator":
+            inbound, outbound = ctx.socket(zmq.PULL), ctx.socket(zmq.PUB)
+            opened = [inbound, outbound]
+            try:
+                for sock, ep in ((inbound, pull_ep), (outbound, pub_ep)):
+                    self._configure(sock, connect_side=False)
+                    try:
+                        sock.bind(ep)
+                    except zmq.ZMQError as exc:
+                        raise TransportError(
+                            f"{self.url}: cannot bind {ep}: {exc}; is another aggregator "
+                            "running? Choose a free port (port and port + 1 are both used) "
+                            "or a local address such as 0.0.0.0"
+                        ) from None
+            except BaseException:
+                for s in opened:
+                    s.close(linger=0)
+                raise
+            return inbound, outbound, None
+        inbound, outbound = ctx.socket(zmq.SUB), ctx.socket(zmq.PUSH)
+        monitor: zmq.Socket[Any] | None = None
+        try:
+            self._configure(inbound, connect_side=True)
+            self._configure(outbound, connect_side=True)
+            monitor = outbound.get_monitor_socket(_MONITOR_EVENTS)
+            for sock, ep in ((outbound, pull_ep), (inbound, pub_ep)):
+                try:
+                    sock.connect(ep)
+                except zmq.ZMQError as exc:
+                    raise TransportError(
+                        f"{self.url}: cannot connect to {ep}: {exc}; check the host name, "
+                        "e.g. zmq+tcp://aggregator.local:5555"
+                    ) from None
+        except BaseException:
+            if monitor is not None:
+                outbound.disable_monitor()
+                monitor.close(linger=0)
+            outbound.close(linger=0)
+            inbound.close(linger=0)
+            raise
+        return inbound, outbound, monitor
+
+    def _run(self) -> None:
+        assert self._ctx is not None and self._wake_r is not None
+        try:
+            inbound, outbound, monitor = self._open_sockets(self._ctx)
+        except TransportError as exc:
+            self._start_error = str(exc)
+            self._ready.set()
+            return
+        except Exception as exc:  # a bug or an exotic zmq error: report, don't hang connect()
+            self._start_error = f"{self.url}: cannot open ZeroMQ sockets: {exc!r}"
+            self._ready.set()
+            return
+        if self.role == "aggregator":
+            self._connected = True
+        self._ready.set()
+        try:
+            self._loop(inbound, outbound, monitor)
+        except Exception:
+            log.exception("%s: I/O thread failed; the transport is dead", self.url)
+        finally:
+            self._connected = False
+            if monitor is not None:
+                outbound.disable_monitor()
+                monitor.close(linger=0)
+            inbound.close()
+            outbound.close()
+
+    def _loop(
+        self,
+        inbound: zmq.Socket[Any],
+        outbound: zmq.Socket[Any],
+        monitor: zmq.Socket[Any] | None,
+    ) -> None:
+        assert self._wake_r is not None
+        wake = self._wake_r
+        poller = zmq.Poller()
+        poller.register(inbound, zmq.POLLIN)
+        poller.register(wake.fileno(), zmq.POLLIN)
+        if monitor is not None:
+            poller.register(monitor, zmq.POLLIN)
+        pending: deque[tuple[float, _Publish]] = deque()
+        handshakes = 0
+        while True:
+            timeout_ms = 50 if pending else None
+            events = dict(poller.poll(timeout_ms))
+            if wake.fileno() in events:
+                try:
+                    while wake.recv(4096):
+                        pass
+                except OSError:
+                    pass  # drained (BlockingIOError)
+            if inbound in events:
+                self._receive(inbound)
+            if monitor is not None and monitor in events:
+                handshakes = self._on_monitor(monitor, handshakes)
+            now = time.monotonic()
+            while True:
+                try:
+                    command = self._commands.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(command, _Subscribe):
+                    inbound.setsockopt(zmq.SUBSCRIBE, command.prefix)
+                else:
+                    pending.append((now + self._send_timeout_s, command))
+            if len(pending) > self._max_pending:
+                excess = len(pending) - self._max_pending
+                for _ in range(excess):
+                    pending.popleft()
+                self._drop("outbound queue full (max_pending)", f"{self._max_pending}", n=excess)
+            self._send(outbound, pending)
+            expired = 0
+            while pending and pending[0][0] <= now:
+                pending.popleft()
+                expired += 1
+            if expired:
+                self._drop(
+                    "no peer took the message within send_timeout_s",
+                    f"{self._send_timeout_s:g} s; is the aggregator running?",
+                    n=expired,
+                )
+            if self._stop.is_set():
+                self._send(outbound, pending)
+                if pending:
+                    self._drop("unsent at close", n=len(pending))
+                return
+
+    def _send(self, outbound: zmq.Socket[Any], pending: deque[tuple[float, _Publish]]) -> None:
+        while pending:
+            message = pending[0][1]
+            try:
+                outbound.send_multipart(
+                    [message.topic, message.payload], flags=zmq.NOBLOCK, copy=False
+                )
+            except zmq.Again:
+                return  # high-water mark reached / no peer: retry on the next turn
+            pending.popleft()
+
+    def _receive(self, inbound: zmq.Socket[Any]) -> None:
+        for _ in range(1000):  # bounded batch so outbound work is not starved
+            try:
+                frames = inbound.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) != 2:
+                self._drop(
+                    "malformed message", f"expected 2 frames [topic, payload], got {len(frames)}"
+                )
+                continue
+            try:
+                topic = frames[0].decode()
+            except UnicodeDecodeError:
+                self._drop("malformed message", "topic frame is not UTF-8")
+                continue
+            if any(topics.matches(p, topic) for p in self._patterns):
+                self._deliver(Message(topic, frames[1]))
+
+    def _on_monitor(self, monitor: zmq.Socket[Any], handshakes: int) -> int:
+        while True:
+            try:
+                event = recv_monitor_message(monitor, flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return handshakes
+            kind = event["event"]
+            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                if handshakes:
+                    self._count("reconnects")
+                    log.info("%s: reconnected to the aggregator", self.url)
+                handshakes += 1
+                self._connected = True
+            elif kind == zmq.EVENT_DISCONNECTED:
+                if self._connected and not self._stop.is_set():
+                    log.warning("%s: lost the aggregator; reconnecting", self.url)
+                self._connected = False
+            elif kind & _HANDSHAKE_FAILED:
+                self._connected = False
+                self._drop_log_once(
+                    "handshake with the aggregator failed",
+                    "wrong curve_server_public_key, or CURVE on one side only",
+                )
+
+    def _drop_log_once(self, reason: str, fix: str) -> None:
+        with self._stats_lock:
+            first = reason not in self._logged_reasons
+            self._logged_reasons.add(reason)
+        if first:
+            log.warning("%s: %s (%s); will keep retrying", self.url, reason, fix)
