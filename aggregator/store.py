@@ -1,0 +1,495 @@
+"""Durable state: a journal, atomic checkpoints and the round history (SQLite, WAL mode).
+
+Files in ``data_dir``:
+
+``history.sqlite``
+    tables ``rounds`` (one row per committed model version), ``agents`` (the registry, as
+    JSON), ``rejections`` (counters by reason) and ``journal`` (every state-changing input
+    the engine accepted since the previous checkpoint, in the order it was applied).
+``checkpoint.npz`` / ``checkpoint.prev.npz``
+    the engine state (:class:`~aggregator.rounds.EngineSnapshot`) plus ``journal_hwm``, the
+    id of the last journal row it includes. Written atomically: a temporary file in the same
+    directory, fsync, rename the current one to ``.prev``, rename the new one in, fsync the
+    directory. Every member is covered by a SHA-256 digest stored with it.
+
+Recovery rule (the checkpoint plus the journal are authoritative):
+
+1. load ``checkpoint.npz``; if it is missing or fails validation, load
+   ``checkpoint.prev.npz`` (a corrupt file is reported, never loaded);
+2. replay the journal rows after its ``journal_hwm`` (the engine is deterministic, so this
+   rebuilds exactly the state that was live, including rounds that closed after the
+   checkpoint was written — never applying one twice, never losing one);
+3. history rows beyond the recovered version are deleted; rows for rounds recovered by the
+   replay are (re)written.
+
+The journal is written *before* the checkpoint and before anything is published, and it is
+trimmed only up to the *previous* checkpoint's mark, so falling back to ``.prev`` still
+finds every row it needs. Temporary files left by a crash are ignored and removed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import sqlite3
+import tempfile
+import threading
+import zipfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal, NamedTuple
+
+import numpy as np
+
+from aggregator.rounds import (
+    AgentInfo,
+    EngineConfig,
+    EngineSnapshot,
+    Evaluator,
+    ProfileLookup,
+    RoundEngine,
+    RoundRecord,
+    Spend,
+)
+from edge_agent.errors import CatEdgeError
+
+log = logging.getLogger("aggregator.store")
+
+CHECKPOINT: Final = "checkpoint.npz"
+CHECKPOINT_PREV: Final = "checkpoint.prev.npz"
+HISTORY_DB: Final = "history.sqlite"
+_TMP_PREFIX: Final = ".checkpoint-"
+_ARRAYS: Final = ("x", "acc", "h", "sum_h", "seen")
+
+JournalKind = Literal["msg", "tick", "control"]
+
+
+class CheckpointError(CatEdgeError):
+    """No valid checkpoint can be loaded although state exists (the message says what to do)."""
+
+
+class JournalEntry(NamedTuple):
+    """One state-changing input: an inbound message (``topic``/``payload``), a tick, or an
+    operator control (``topic`` holds the command). ``now``: the time it was applied at."""
+
+    kind: JournalKind
+    now: float
+    topic: str = ""
+    payload: bytes = b""
+
+
+@dataclass(frozen=True)
+class LoadedCheckpoint:
+    snapshot: EngineSnapshot
+    journal_hwm: int
+    source: str  # file name it came from
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS rounds (
+    version INTEGER PRIMARY KEY,
+    base_version INTEGER NOT NULL,
+    opened_at REAL NOT NULL,
+    closed_at REAL NOT NULL,
+    reason TEXT NOT NULL,
+    gamma REAL NOT NULL,
+    participants TEXT NOT NULL,
+    agents TEXT NOT NULL,
+    updates INTEGER NOT NULL,
+    bytes INTEGER NOT NULL,
+    bits REAL NOT NULL,
+    packets INTEGER NOT NULL,
+    airtime_s REAL NOT NULL,
+    energy_j REAL NOT NULL,
+    dense_equivalent_bytes INTEGER NOT NULL,
+    spend TEXT NOT NULL,
+    loss REAL,
+    accuracy REAL
+);
+CREATE TABLE IF NOT EXISTS agents (
+    agent TEXT PRIMARY KEY,
+    info TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS rejections (
+    reason TEXT PRIMARY KEY,
+    count INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS journal (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL,
+    now REAL NOT NULL,
+    topic TEXT NOT NULL,
+    payload BLOB NOT NULL
+);
+"""
+
+
+def _digest(arrays: dict[str, np.ndarray[Any, Any]], meta: bytes) -> str:
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        arr = np.ascontiguousarray(arrays[name])
+        h.update(name.encode())
+        h.update(str(arr.dtype).encode())
+        h.update(repr(arr.shape).encode())
+        h.update(arr.tobytes())
+    h.update(meta)
+    return h.hexdigest()
+
+
+def encode_checkpoint(snap: EngineSnapshot, journal_hwm: int) -> bytes:
+    """Serialise a snapshot to ``.npz`` bytes (no pickle)."""
+    meta = json.dumps(
+        {"engine": snap.meta, "h_agents": list(snap.h_agents), "journal_hwm": journal_hwm},
+        sort_keys=True,
+    ).encode()
+    arrays: dict[str, np.ndarray[Any, Any]] = {
+        "x": snap.x,
+        "acc": snap.acc,
+        "h": snap.h,
+        "sum_h": snap.sum_h,
+        "seen": snap.seen,
+    }
+    digest = _digest(arrays, meta).encode()
+    buf = io.BytesIO()
+    members: dict[str, Any] = {
+        "meta": np.frombuffer(meta, dtype=np.uint8),
+        "digest": np.frombuffer(digest, dtype=np.uint8),
+        **arrays,
+    }
+    np.savez(buf, **members)
+    return buf.getvalue()
+
+
+def decode_checkpoint(blob: bytes) -> tuple[EngineSnapshot, int]:
+    """Parse and validate checkpoint bytes; raises ValueError naming what is wrong."""
+    try:
+        with np.load(io.BytesIO(blob), allow_pickle=False) as z:
+            missing = {"meta", "digest", *_ARRAYS} - set(z.files)
+            if missing:
+                raise ValueError(f"missing members {sorted(missing)}")
+            arrays = {name: np.array(z[name]) for name in _ARRAYS}
+            meta = z["meta"].tobytes()
+            digest = z["digest"].tobytes().decode("ascii")
+    except (OSError, zipfile.BadZipFile, EOFError, KeyError, UnicodeDecodeError) as exc:
+        raise ValueError(f"unreadable: {type(exc).__name__}: {exc}") from None
+    if _digest(arrays, meta) != digest:
+        raise ValueError("digest mismatch (the file is corrupt)")
+    info = json.loads(meta)
+    snap = EngineSnapshot(
+        x=arrays["x"].astype(np.float64),
+        acc=arrays["acc"].astype(np.float64),
+        h_agents=tuple(info["h_agents"]),
+        h=arrays["h"].astype(np.float64),
+        sum_h=arrays["sum_h"].astype(np.float64),
+        seen=arrays["seen"].astype(np.int64).reshape(-1, 3),
+        meta=info["engine"],
+    )
+    return snap, int(info["journal_hwm"])
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # e.g. platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Store:
+    """The aggregator's disk state in ``data_dir``. Thread-safe (one internal lock)."""
+
+    def __init__(self, data_dir: str | os.PathLike[str]) -> None:
+        self.dir = Path(data_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(
+            self.dir / HISTORY_DB, check_same_thread=False, isolation_level=None
+        )
+        self._db.execute("PRAGMA journal_mode=WAL")
+        # NORMAL in WAL mode: durable across a process crash (SIGKILL); a power cut may lose
+        # the last transactions, never corrupt the database.
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+        self._prev_hwm = 0
+        for stale in self.dir.glob(f"{_TMP_PREFIX}*"):
+            log.warning("removing %s left by an interrupted checkpoint write", stale.name)
+            stale.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # ------------------------------------------------------------------ journal
+
+    def append_journal(self, entries: Sequence[JournalEntry]) -> int:
+        """Append ``entries`` in one transaction; return the id of the last journal row."""
+        with self._lock:
+            if entries:
+                self._db.execute("BEGIN")
+                self._db.executemany(
+                    "INSERT INTO journal (kind, now, topic, payload) VALUES (?, ?, ?, ?)",
+                    [(e.kind, e.now, e.topic, e.payload) for e in entries],
+                )
+                self._db.execute("COMMIT")
+            return self._last_journal_id()
+
+    def _last_journal_id(self) -> int:
+        row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'journal'").fetchone()
+        return int(row[0]) if row else 0
+
+    def last_journal_id(self) -> int:
+        with self._lock:
+            return self._last_journal_id()
+
+    def journal_after(self, hwm: int) -> list[JournalEntry]:
+        """Journal rows with id > ``hwm``, in order."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT kind, now, topic, payload FROM journal WHERE id > ? ORDER BY id", (hwm,)
+            ).fetchall()
+        return [JournalEntry(k, float(n), str(t), bytes(p)) for k, n, t, p in rows]
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def write_checkpoint(self, snap: EngineSnapshot, journal_hwm: int) -> None:
+        """Atomically replace the checkpoint; the old one becomes ``checkpoint.prev.npz``.
+
+        Afterwards the journal is trimmed up to the mark of the checkpoint that is now the
+        previous one (what a fallback to ``.prev`` would still need is kept).
+        """
+        blob = encode_checkpoint(snap, journal_hwm)
+        fd, tmp_name = tempfile.mkstemp(prefix=_TMP_PREFIX, suffix=".npz", dir=self.dir)
+        tmp = Path(tmp_name)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(blob)
+                fh.flush()
+                os.fsync(fh.fileno())
+            current = self.dir / CHECKPOINT
+            if current.exists():
+                os.replace(current, self.dir / CHECKPOINT_PREV)
+            os.replace(tmp, current)
+            _fsync_dir(self.dir)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        with self._lock:
+            self._db.execute("DELETE FROM journal WHERE id <= ?", (self._prev_hwm,))
+        self._prev_hwm = journal_hwm
+
+    def load_checkpoint(self) -> LoadedCheckpoint | None:
+        """The newest valid checkpoint, or None if there is none at all.
+
+        A file that fails validation is logged as an error and skipped (renamed to
+        ``*.corrupt`` so it is kept for inspection); if checkpoint files exist and none is
+        valid, CheckpointError is raised rather than starting from scratch.
+        """
+        problems: list[str] = []
+        for name in (CHECKPOINT, CHECKPOINT_PREV):
+            path = self.dir / name
+            if not path.exists():
+                continue
+            try:
+                snap, hwm = decode_checkpoint(path.read_bytes())
+            except (OSError, ValueError) as exc:
+                kept = path.with_name(path.name + ".corrupt")
+                problems.append(f"{path}: {exc} (kept as {kept.name})")
+                log.error("checkpoint %s is invalid (%s); kept as %s", path, exc, kept.name)
+                os.replace(path, kept)
+                continue
+            self._prev_hwm = hwm
+            return LoadedCheckpoint(snap, hwm, name)
+        if problems:
+            raise CheckpointError(
+                "no valid checkpoint: "
+                + "; ".join(problems)
+                + f". Refusing to start from scratch over existing state; move {self.dir} "
+                "aside (or set AGG_DATA_DIR to an empty directory) to start a new job."
+            )
+        return None
+
+    # ------------------------------------------------------------------ history
+
+    def record_rounds(
+        self,
+        records: Iterable[RoundRecord],
+        *,
+        agents: Iterable[AgentInfo] = (),
+        rejected: dict[str, int] | None = None,
+    ) -> None:
+        """Write history rows (idempotent per version), the registry and the counters."""
+        rows = [_round_row(r) for r in records]
+        with self._lock:
+            self._db.execute("BEGIN")
+            self._db.executemany(
+                "INSERT OR REPLACE INTO rounds VALUES "
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+            self._db.executemany(
+                "INSERT OR REPLACE INTO agents (agent, info) VALUES (?, ?)",
+                [(a.agent, json.dumps(a.to_dict())) for a in agents],
+            )
+            if rejected:
+                self._db.executemany(
+                    "INSERT OR REPLACE INTO rejections (reason, count) VALUES (?, ?)",
+                    list(rejected.items()),
+                )
+            self._db.execute("COMMIT")
+
+    def delete_history_after(self, version: int) -> int:
+        """Delete rows for versions > ``version``; return how many were deleted."""
+        with self._lock:
+            cur = self._db.execute("DELETE FROM rounds WHERE version > ?", (version,))
+            return int(cur.rowcount)
+
+    def history(self, since: int = 0, limit: int = 1000) -> list[RoundRecord]:
+        """Rounds with version > ``since``, oldest first, at most ``limit``."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT version, base_version, opened_at, closed_at, reason, gamma, "
+                "participants, agents, spend, loss, accuracy FROM rounds WHERE version > ? "
+                "ORDER BY version LIMIT ?",
+                (since, limit),
+            ).fetchall()
+        return [
+            RoundRecord(
+                version=int(v),
+                base_version=int(b),
+                opened_at=float(o),
+                closed_at=float(c),
+                reason=str(reason),
+                gamma=float(g),
+                participants=tuple(json.loads(p)),
+                agents=json.loads(a),
+                spend=Spend.from_dict(json.loads(s)),
+                loss=loss,
+                accuracy=acc,
+            )
+            for v, b, o, c, reason, g, p, a, s, loss, acc in rows
+        ]
+
+    def max_version(self) -> int | None:
+        with self._lock:
+            row = self._db.execute("SELECT MAX(version) FROM rounds").fetchone()
+        return None if row is None or row[0] is None else int(row[0])
+
+    def rejections(self) -> dict[str, int]:
+        with self._lock:
+            return {r: int(n) for r, n in self._db.execute("SELECT reason, count FROM rejections")}
+
+
+def _round_row(r: RoundRecord) -> tuple[Any, ...]:
+    s = r.spend
+    return (
+        r.version,
+        r.base_version,
+        r.opened_at,
+        r.closed_at,
+        r.reason,
+        r.gamma,
+        json.dumps(list(r.participants)),
+        json.dumps(r.agents, sort_keys=True),
+        s.updates,
+        s.bytes,
+        s.bits,
+        s.packets,
+        s.airtime_s,
+        s.energy_j,
+        s.dense_bytes,
+        json.dumps(s.to_dict(), sort_keys=True),
+        r.loss,
+        r.accuracy,
+    )
+
+
+# ---------------------------------------------------------------------- recovery
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """The result of :func:`recover`: the live engine, where it came from, and the journal
+    mark it includes (pass it to the next :meth:`Store.write_checkpoint`)."""
+
+    engine: RoundEngine
+    source: str  # "checkpoint.npz", "checkpoint.prev.npz" or "empty"
+    replayed: int  # journal entries applied on top of the checkpoint
+    records: tuple[RoundRecord, ...]  # rounds the replay (re)committed
+    journal_hwm: int
+
+
+def apply_entry(engine: RoundEngine, entry: JournalEntry) -> Any:
+    """Apply one journal entry to ``engine`` exactly as it was applied live."""
+    if entry.kind == "msg":
+        return engine.handle(entry.topic, entry.payload, entry.now)
+    if entry.kind == "tick":
+        return engine.tick(entry.now)
+    if entry.topic not in ("pause", "resume", "stop"):
+        raise CheckpointError(f"journal: unknown control command {entry.topic!r}")
+    return engine.control(entry.topic, entry.now)  # type: ignore[arg-type]
+
+
+def recover(
+    store: Store,
+    config: EngineConfig,
+    *,
+    evaluator: Evaluator | None = None,
+    profiles: ProfileLookup | None = None,
+) -> Recovery:
+    """Rebuild the engine: newest valid checkpoint + journal replay (see the module doc).
+
+    Also reconciles the history table with the recovered version and writes a fresh
+    checkpoint, so the next start does not replay the same rows again.
+    """
+    loaded = store.load_checkpoint()
+    if loaded is None:
+        if store.max_version() is not None:
+            raise CheckpointError(
+                f"{store.dir} has round history but no checkpoint file; refusing to restart "
+                "the model from scratch. Move the directory aside to start a new job."
+            )
+        engine = RoundEngine(config, evaluator=evaluator, profiles=profiles)
+        source, hwm = "empty", 0
+    else:
+        try:
+            engine = RoundEngine.restore(
+                config, loaded.snapshot, evaluator=evaluator, profiles=profiles
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{store.dir / loaded.source}: {exc}") from None
+        source, hwm = loaded.source, loaded.journal_hwm
+    entries = store.journal_after(hwm)
+    records: list[RoundRecord] = []
+    for entry in entries:
+        effects = apply_entry(engine, entry)
+        if effects.committed is not None:
+            records.append(effects.committed)
+    if engine.last_record is not None and all(
+        r.version != engine.last_record.version for r in records
+    ):
+        records.insert(0, engine.last_record)
+    dropped = store.delete_history_after(engine.version)
+    if dropped:
+        log.warning(
+            "deleted %d history rows beyond the recovered version %d", dropped, engine.version
+        )
+    store.record_rounds(records, agents=engine.agents.values(), rejected=engine.rejected)
+    last = store.last_journal_id()
+    if entries or loaded is None or loaded.source != CHECKPOINT:
+        store.write_checkpoint(engine.export(), last)
+    if source != "empty":
+        log.info(
+            "recovered job %s at version %d from %s (+%d journal entries)",
+            config.job,
+            engine.version,
+            source,
+            len(entries),
+        )
+    return Recovery(engine, source, len(entries), tuple(records), last)

@@ -1,0 +1,475 @@
+"""RoundEngine driven directly with encoded messages: one behaviour per test."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from aggregator.rounds import EngineConfig, Outbound, RoundEngine
+from edge_agent import messages, wire
+from edge_agent.compressors import Update, compress
+from edge_agent.transports import topics
+
+JOB = "job1"
+D = 16
+GAMMA = 0.5
+
+
+def make_engine(**overrides: Any) -> RoundEngine:
+    cfg: dict[str, Any] = {"job": JOB, "d": D, "step_size": GAMMA, "round_deadline_s": 10.0}
+    cfg.update(overrides)
+    return RoundEngine(EngineConfig(**cfg))
+
+
+def hello(agent: str, **fields: Any) -> tuple[str, bytes]:
+    base: dict[str, Any] = {
+        "job": JOB,
+        "agent": agent,
+        "d": D,
+        "rows": 10,
+        "smoothness": 2.0,
+        "model": "logreg",
+        "compressor": "topk",
+    }
+    base.update(fields)
+    return topics.hello(JOB, agent), messages.dump(messages.Hello(**base))
+
+
+def dense_update(values: list[float] | np.ndarray, semantics: str = "plain") -> Update:
+    vals = np.asarray(values, dtype=np.float32)
+    return Update("dense", vals.size, None, vals, semantics=semantics)  # type: ignore[arg-type]
+
+
+def topk_update(g: np.ndarray, t: int, semantics: str = "plain") -> Update:
+    u = compress(g, "topk", t)
+    return Update(u.compressor, u.d, u.indices, u.values, semantics=semantics)  # type: ignore[arg-type]
+
+
+def upd(
+    agent: str, u: Update, *, round: int = 0, seq: int = 0, job: str = JOB
+) -> tuple[str, bytes]:
+    return topics.update(JOB, agent), wire.encode(u, job=job, agent=agent, round=round, seq=seq)
+
+
+def join(engine: RoundEngine, *agents: str, now: float = 0.0, **fields: Any) -> None:
+    for a in agents:
+        eff = engine.handle(*hello(a, **fields), now)
+        assert eff.reason is None
+
+
+def find(out: tuple[Outbound, ...], topic: str) -> Outbound:
+    matches = [o for o in out if o.topic == topic]
+    assert len(matches) == 1, [o.topic for o in out]
+    return matches[0]
+
+
+RNG = np.random.default_rng(7)
+G_A = RNG.normal(size=D)
+G_B = RNG.normal(size=D)
+
+
+# ---------------------------------------------------------------- sync rounds
+
+
+def test_round_closes_when_all_live_agents_reported_with_mean_step() -> None:
+    eng = make_engine()
+    join(eng, "a", "b")
+    ua, ub = topk_update(G_A, 5), topk_update(G_B, 7)
+    x0 = eng.x.copy()
+    assert eng.handle(*upd("a", ua), 1.0).committed is None
+    eff = eng.handle(*upd("b", ub), 2.0)
+    assert eff.committed is not None
+    expected = x0 - GAMMA * (ua.to_dense() + ub.to_dense()) / 2
+    np.testing.assert_allclose(eng.x, expected, rtol=0, atol=1e-15)
+    assert eng.version == 1
+    assert eff.committed.participants == ("a", "b")
+    assert eff.committed.reason == "all_reported"
+
+
+def test_round_stays_open_until_every_live_agent_reported() -> None:
+    eng = make_engine()
+    join(eng, "a", "b")
+    eff = eng.handle(*upd("a", topk_update(G_A, 5)), 1.0)
+    assert eff.committed is None
+    assert eng.version == 0
+
+
+def test_deadline_closes_round_when_quorum_met() -> None:
+    eng = make_engine(quorum_fraction=0.5, round_deadline_s=10.0)
+    join(eng, "a", "b", "c")  # quorum = ceil(0.5 * 3) = 2
+    eng.handle(*upd("a", topk_update(G_A, 3)), 1.0)
+    eng.handle(*upd("b", topk_update(G_B, 3)), 2.0)
+    assert eng.tick(9.0).committed is None
+    eff = eng.tick(10.0)
+    assert eff.committed is not None
+    assert eff.committed.reason == "deadline"
+    assert eff.committed.participants == ("a", "b")
+
+
+def test_deadline_without_quorum_keeps_round_open() -> None:
+    eng = make_engine(quorum_fraction=1.0, round_deadline_s=10.0, liveness_timeout_s=1000.0)
+    join(eng, "a", "b", "c")
+    eng.handle(*upd("a", topk_update(G_A, 3)), 1.0)
+    assert eng.tick(100.0).committed is None
+    assert eng.version == 0
+
+
+def test_round_zero_waits_for_min_agents() -> None:
+    eng = make_engine(min_agents=2)
+    join(eng, "a")
+    eff = eng.handle(*upd("a", topk_update(G_A, 3)), 1.0)
+    assert eff.committed is None
+    assert eng.state == "waiting"
+
+
+def test_dead_agent_is_not_waited_for() -> None:
+    eng = make_engine(liveness_timeout_s=5.0)
+    join(eng, "a", now=0.0)
+    join(eng, "b", now=4.0)
+    eng.handle(*upd("b", topk_update(G_B, 3)), 4.0)
+    eff = eng.tick(6.0)  # a silent for 6 s > 5 s: dead; b is the only live agent
+    assert eng.agents["a"].live is False
+    assert eff.committed is not None
+
+
+def test_offline_status_marks_agent_dead() -> None:
+    eng = make_engine()
+    join(eng, "a")
+    payload = messages.dump(messages.Status(state="offline", agent="a"))
+    eng.handle(topics.status(JOB, "a"), payload, 1.0)
+    assert eng.agents["a"].live is False
+
+
+def test_duplicate_update_is_dropped_and_counted() -> None:
+    eng = make_engine()
+    join(eng, "a", "b")
+    msg = upd("a", topk_update(G_A, 5), seq=3)
+    assert eng.handle(*msg, 1.0).reason is None
+    assert eng.handle(*msg, 1.5).reason == "duplicate"
+    assert eng.rejected["duplicate"] == 1
+    assert eng.accepted == 1
+
+
+def test_second_plain_update_for_same_round_is_a_duplicate() -> None:
+    eng = make_engine()
+    join(eng, "a", "b")
+    eng.handle(*upd("a", topk_update(G_A, 5), seq=0), 1.0)
+    assert eng.handle(*upd("a", topk_update(G_B, 5), seq=1), 1.0).reason == "duplicate"
+
+
+@pytest.mark.parametrize(
+    ("message", "reason"),
+    [
+        pytest.param(upd("a", dense_update(np.ones(D + 1))), "wrong_d", id="wrong_d"),
+        pytest.param(upd("zed", topk_update(G_A, 3)), "unknown_agent", id="unknown_agent"),
+        pytest.param((topics.update(JOB, "a"), b"\x00garbage"), "malformed", id="garbage"),
+        pytest.param(
+            upd("a", topk_update(G_A, 3), job="other"), "wrong_job", id="wrong_job_in_header"
+        ),
+        pytest.param(
+            (topics.update("other", "a"), upd("a", topk_update(G_A, 3))[1]),
+            "wrong_job",
+            id="wrong_job_topic",
+        ),
+        pytest.param(
+            (topics.update(JOB, "b"), upd("a", topk_update(G_A, 3))[1]),
+            "agent_mismatch",
+            id="spoof",
+        ),
+        pytest.param(upd("a", dense_update(np.ones(D))), "wrong_compressor", id="wrong_compressor"),
+        pytest.param(upd("a", topk_update(G_A, 3), round=5), "future_version", id="future"),
+        pytest.param(("cat/job1/nonsense", b"{}"), "unexpected_topic", id="bad_topic"),
+        pytest.param((topics.hello(JOB, "c"), b"{not json"), "malformed", id="bad_hello"),
+        pytest.param(hello("c", d=D + 1), "wrong_d", id="hello_wrong_d"),
+        pytest.param(hello("c", model="lsq"), "wrong_model", id="hello_wrong_model"),
+        pytest.param(hello("c", semantics="ef21"), "wrong_semantics", id="hello_mixed_semantics"),
+    ],
+)
+def test_bad_message_is_counted_and_leaves_model_unchanged(
+    message: tuple[str, bytes], reason: str
+) -> None:
+    eng = make_engine()
+    join(eng, "a")
+    x0, agents0 = eng.x.copy(), set(eng.agents)
+    eff = eng.handle(*message, 1.0)
+    assert eff.reason == reason
+    assert eng.rejected[reason] == 1
+    assert eng.accepted == 0
+    assert np.array_equal(eng.x, x0) and eng.version == 0
+    assert set(eng.agents) == agents0
+
+
+def test_stale_plain_update_is_rejected_in_sync_mode() -> None:
+    eng = make_engine()
+    join(eng, "a")
+    eng.handle(*upd("a", topk_update(G_A, 3), seq=0), 1.0)
+    assert eng.version == 1
+    assert eng.handle(*upd("a", topk_update(G_B, 3), round=0, seq=1), 2.0).reason == "stale"
+
+
+def test_delta_applied_to_old_model_reproduces_new_model_bit_for_bit() -> None:
+    eng = make_engine()
+    join(eng, "a", "b")
+    old = eng.x.copy()
+    eng.handle(*upd("a", topk_update(G_A, 5)), 1.0)
+    eff = eng.handle(*upd("b", topk_update(G_B, 9)), 1.0)
+    delta = wire.decode_model(find(eff.outbound, topics.delta(JOB)).payload)
+    assert isinstance(delta, wire.Delta)
+    assert (delta.base_version, delta.version) == (0, 1)
+    delta.apply(old)
+    assert old.tobytes() == eng.x.tobytes()
+
+
+def test_new_version_broadcasts_a_retained_snapshot() -> None:
+    eng = make_engine()
+    join(eng, "a")
+    eff = eng.handle(*upd("a", topk_update(G_A, 5)), 1.0)
+    snap_msg = find(eff.outbound, topics.model(JOB))
+    snap = wire.decode_model(snap_msg.payload)
+    assert snap_msg.retain
+    assert isinstance(snap, wire.Snapshot) and snap.version == 1
+    assert snap.x.tobytes() == eng.x.tobytes()
+
+
+def test_request_is_answered_with_snapshot() -> None:
+    eng = make_engine()
+    join(eng, "a")
+    eff = eng.handle(topics.request(JOB, "a"), messages.dump(messages.Request(have=None)), 1.0)
+    assert find(eff.outbound, topics.model(JOB)).retain
+
+
+def test_automatic_step_size_is_inverse_of_row_weighted_smoothness() -> None:
+    eng = make_engine(step_size=None)
+    join(eng, "a", rows=10, smoothness=1.0)
+    join(eng, "b", rows=30, smoothness=3.0)
+    assert eng.gamma() == pytest.approx(1.0 / ((10 * 1.0 + 30 * 3.0) / 40))
+
+
+def test_max_rounds_stops_job_and_rejects_later_updates() -> None:
+    eng = make_engine(max_rounds=1)
+    join(eng, "a")
+    eff = eng.handle(*upd("a", topk_update(G_A, 3)), 1.0)
+    ctl = messages.parse(messages.Control, find(eff.outbound, topics.control(JOB)).payload)
+    assert ctl.cmd == "stop"
+    assert eng.state == "finished"
+    assert eng.handle(*upd("a", topk_update(G_A, 3), round=1, seq=1), 2.0).reason == "finished"
+
+
+def test_target_loss_stops_job() -> None:
+    eng = RoundEngine(
+        EngineConfig(job=JOB, d=D, step_size=GAMMA, target_loss=1.0),
+        evaluator=lambda x: (float(np.dot(x, x)), None),
+    )
+    join(eng, "a", compressor="dense")
+    eng.handle(*upd("a", dense_update(np.full(D, 0.25))), 1.0)  # |x|^2 = 16 * 0.125^2
+    assert eng.state == "finished"
+    assert eng.loss == pytest.approx(D * 0.125**2)
+
+
+def test_paused_engine_rejects_plain_updates() -> None:
+    eng = make_engine()
+    join(eng, "a")
+    eng.control("pause", 1.0)
+    assert eng.handle(*upd("a", topk_update(G_A, 3)), 2.0).reason == "paused"
+
+
+def test_resume_after_pause_accepts_updates_again() -> None:
+    eng = make_engine()
+    join(eng, "a")
+    eng.control("pause", 1.0)
+    eng.control("resume", 2.0)
+    assert eng.handle(*upd("a", topk_update(G_A, 3)), 3.0).committed is not None
+
+
+def test_fresh_hello_resets_deduplication() -> None:
+    eng = make_engine()
+    join(eng, "a", "b")
+    msg = upd("a", topk_update(G_A, 3), seq=0)
+    eng.handle(*msg, 1.0)
+    join(eng, "a", fresh=True)  # the agent restarted: its seq starts at 0 again
+    eff = eng.handle(*upd("a", topk_update(G_A, 3), seq=0), 2.0)
+    assert eff.reason == "duplicate"  # still the same round: one plain update per agent
+    eng.handle(*upd("b", topk_update(G_B, 3)), 2.0)
+    assert eng.version == 1
+    assert eng.handle(*upd("a", topk_update(G_A, 3), round=1, seq=0), 3.0).reason is None
+
+
+def test_spend_prices_bytes_with_agent_profile() -> None:
+    from edge_agent.profiles import resolve_profile
+
+    profile = resolve_profile("paper_packet_model")
+    eng = RoundEngine(EngineConfig(job=JOB, d=D, step_size=GAMMA), profiles=resolve_profile)
+    join(eng, "a", "b", profile="paper_packet_model")
+    topic, blob = upd("a", topk_update(G_A, 3))
+    eng.handle(topic, blob, 1.0)
+    cost = profile.message_cost(len(blob))
+    assert eng.totals.bytes == len(blob)
+    assert eng.totals.packets == cost.packets
+    assert eng.totals.bits == pytest.approx(cost.bits)
+    assert eng.totals.dense_bytes > len(blob)
+
+
+def test_unknown_profile_counts_bytes_only() -> None:
+    def missing(name: str) -> None:
+        raise KeyError(name)
+
+    eng = RoundEngine(EngineConfig(job=JOB, d=D, step_size=GAMMA), profiles=missing)
+    join(eng, "a", "b", profile="nope")
+    _, blob = upd("a", topk_update(G_A, 3))
+    eng.handle(topics.update(JOB, "a"), blob, 1.0)
+    assert eng.totals.bytes == len(blob) and eng.totals.packets == 0
+
+
+# ---------------------------------------------------------------- EF21
+
+
+def ef21_engine(**overrides: Any) -> RoundEngine:
+    eng = make_engine(**overrides)
+    join(eng, "a", "b", semantics="ef21", compressor="dense")
+    return eng
+
+
+# Small integers are exact in float32 and float64: sums below are exact, no tolerance.
+C1 = np.arange(D, dtype=np.float64)
+C2 = np.ones(D)
+C3 = -2.0 * np.ones(D)
+
+
+def test_ef21_step_uses_mean_state_over_registered_agents() -> None:
+    eng = ef21_engine()
+    eng.handle(*upd("a", dense_update(C1, "ef21")), 1.0)
+    eng.handle(*upd("b", dense_update(C2, "ef21")), 1.0)
+    assert eng.version == 1
+    assert np.array_equal(eng.x, 0.0 - GAMMA * (C1 + C2) / 2)
+
+
+def test_ef21_late_update_applies_to_state_once() -> None:
+    eng = ef21_engine(quorum_fraction=0.5, round_deadline_s=5.0)
+    eng.handle(*upd("a", dense_update(C1, "ef21")), 1.0)
+    assert eng.tick(5.0).committed is not None  # closed without b
+    late = upd("b", dense_update(C2, "ef21"), round=0, seq=0)
+    assert eng.handle(*late, 6.0).reason is None  # late but applied: it is state
+    assert eng.handle(*late, 6.5).reason == "duplicate"
+    assert np.array_equal(eng.h["b"], C2)
+    assert eng.sum_h is not None and np.array_equal(eng.sum_h, C1 + C2)
+    assert eng.open_round["participants"] == []  # a late change is not a participant
+
+
+def test_ef21_duplicate_is_not_applied_twice() -> None:
+    eng = ef21_engine()
+    msg = upd("a", dense_update(C1, "ef21"), seq=4)
+    eng.handle(*msg, 1.0)
+    eng.handle(*msg, 1.0)
+    assert np.array_equal(eng.h["a"], C1)
+    assert eng.sum_h is not None and np.array_equal(eng.sum_h, C1)
+
+
+def test_ef21_fresh_rejoin_resets_agent_state() -> None:
+    eng = ef21_engine()
+    eng.handle(*upd("a", dense_update(C1, "ef21")), 1.0)
+    eng.handle(*upd("b", dense_update(C2, "ef21")), 1.0)
+    join(eng, "a", semantics="ef21", compressor="dense", fresh=True)
+    assert "a" not in eng.h
+    assert eng.sum_h is not None and np.array_equal(eng.sum_h, C2)
+    eng.handle(*upd("a", dense_update(C3, "ef21"), round=1, seq=0), 2.0)
+    assert np.array_equal(eng.h["a"], C3)
+    assert np.array_equal(eng.sum_h, C2 + C3)
+
+
+def test_ef21_non_fresh_hello_keeps_agent_state() -> None:
+    eng = ef21_engine()
+    eng.handle(*upd("a", dense_update(C1, "ef21")), 1.0)
+    join(eng, "a", semantics="ef21", compressor="dense", fresh=False)
+    assert np.array_equal(eng.h["a"], C1)
+
+
+def test_ef21_update_while_paused_updates_state_only() -> None:
+    eng = ef21_engine()
+    eng.control("pause", 0.5)
+    assert eng.handle(*upd("a", dense_update(C1, "ef21")), 1.0).reason is None
+    assert np.array_equal(eng.h["a"], C1)
+    assert eng.version == 0
+
+
+# ---------------------------------------------------------------- async
+
+
+def test_async_applies_every_k_updates_weighted_by_staleness() -> None:
+    eng = make_engine(mode="async", async_apply_every=2, max_staleness=3)
+    join(eng, "a", "b", compressor="dense")
+    u1, u2 = dense_update(C1), dense_update(C2)
+    eng.handle(*upd("a", u1, round=0, seq=0), 1.0)
+    eng.handle(*upd("b", u2, round=0, seq=0), 1.0)
+    assert eng.version == 1
+    x1 = eng.x.copy()
+    u3, u4 = dense_update(C3), dense_update(C1)
+    eng.handle(*upd("a", u3, round=1, seq=1), 2.0)  # staleness 0, weight 1
+    eng.handle(*upd("b", u4, round=0, seq=1), 2.0)  # staleness 1, weight 1/2
+    assert eng.version == 2
+    np.testing.assert_allclose(eng.x, x1 - GAMMA * (C3 + 0.5 * C1) / 2, rtol=0, atol=1e-12)
+
+
+def test_async_rejects_updates_older_than_max_staleness() -> None:
+    eng = make_engine(mode="async", async_apply_every=1, max_staleness=1)
+    join(eng, "a", compressor="dense")
+    for v in range(3):
+        eng.handle(*upd("a", dense_update(C2), round=v, seq=v), float(v))
+    assert eng.version == 3
+    assert eng.handle(*upd("a", dense_update(C2), round=1, seq=9), 5.0).reason == "stale"
+
+
+# ---------------------------------------------------------------- export / restore
+
+
+def test_export_restore_round_trip_continues_identically() -> None:
+    a = ef21_engine()
+    a.handle(*upd("a", dense_update(C1, "ef21")), 1.0)
+    b = RoundEngine.restore(a.config, a.export())
+    for eng in (a, b):
+        eng.handle(*upd("b", dense_update(C2, "ef21")), 2.0)
+    assert a.version == b.version == 1
+    assert a.x.tobytes() == b.x.tobytes()
+    assert b.handle(*upd("a", dense_update(C1, "ef21")), 3.0).reason == "duplicate"
+
+
+def test_restore_rejects_state_of_another_job() -> None:
+    eng = make_engine()
+    with pytest.raises(ValueError, match="job"):
+        RoundEngine.restore(EngineConfig(job="other", d=D), eng.export())
+
+
+# ---------------------------------------------------------------- robustness
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    data=st.one_of(
+        st.binary(max_size=300),
+        st.tuples(st.integers(0, 10_000), st.integers(0, 255)),
+        st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=6),
+    ),
+    kind=st.sampled_from(["update", "hello", "status", "request"]),
+)
+def test_random_and_mutated_bytes_never_raise_nor_move_the_model(data: Any, kind: str) -> None:
+    eng = make_engine()
+    join(eng, "a", "b")
+    _, valid = upd("a", topk_update(G_A, 5))
+    if isinstance(data, bytes):
+        payload = data
+    else:
+        muts = [data] if isinstance(data, tuple) else data
+        buf = bytearray(valid)
+        for pos, val in muts:
+            buf[pos % len(buf)] = val
+        payload = bytes(buf)
+    x0 = eng.x.copy()
+    topic = f"cat/{JOB}/{kind}/a"
+    eff = eng.handle(topic, payload, 1.0)
+    assert np.array_equal(eng.x, x0) and eng.version == 0  # b has not reported: no step
+    assert eff.committed is None
+    assert math.isfinite(float(eng.x.sum()))

@@ -1,0 +1,201 @@
+"""Journal, atomic checkpoints, history and crash recovery (aggregator.store)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from aggregator.rounds import EngineConfig, RoundEngine
+from aggregator.store import (
+    CHECKPOINT,
+    CHECKPOINT_PREV,
+    CheckpointError,
+    JournalEntry,
+    Store,
+    decode_checkpoint,
+    encode_checkpoint,
+    recover,
+)
+from edge_agent import messages, wire
+from edge_agent.compressors import Update
+from edge_agent.transports import topics
+
+JOB = "job1"
+D = 8
+CONFIG = EngineConfig(job=JOB, d=D, step_size=0.5)
+
+
+def hello(agent: str, semantics: str = "ef21") -> tuple[str, bytes]:
+    msg = messages.Hello(
+        job=JOB, agent=agent, d=D, rows=5, smoothness=1.0, model="logreg",
+        compressor="dense", semantics=semantics,  # type: ignore[arg-type]
+    )  # fmt: skip
+    return topics.hello(JOB, agent), messages.dump(msg)
+
+
+def update(agent: str, value: float, *, round: int, seq: int) -> tuple[str, bytes]:
+    u = Update("dense", D, None, np.full(D, value, dtype=np.float32), semantics="ef21")
+    return topics.update(JOB, agent), wire.encode(u, job=JOB, agent=agent, round=round, seq=seq)
+
+
+class Harness:
+    """What the service does per input: apply, journal, checkpoint on a new version."""
+
+    def __init__(self, store: Store, engine: RoundEngine) -> None:
+        self.store = store
+        self.engine = engine
+
+    def feed(self, topic: str, payload: bytes, now: float, *, checkpoint: bool = True) -> Any:
+        eff = self.engine.handle(topic, payload, now)
+        if eff.journal:
+            hwm = self.store.append_journal([JournalEntry("msg", now, topic, payload)])
+            if eff.committed is not None and checkpoint:
+                self.store.write_checkpoint(self.engine.export(), hwm)
+                self.store.record_rounds([eff.committed], agents=self.engine.agents.values())
+        return eff
+
+
+def run_two_rounds(h: Harness) -> None:
+    h.feed(*hello("a"), 0.0)
+    h.feed(*hello("b"), 0.0)
+    h.feed(*update("a", 1.0, round=0, seq=0), 1.0)
+    h.feed(*update("b", 2.0, round=0, seq=0), 1.0)
+    h.feed(*update("a", 3.0, round=1, seq=1), 2.0)
+    h.feed(*update("b", 4.0, round=1, seq=1), 2.0)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    return Store(tmp_path / "data")
+
+
+def test_checkpoint_bytes_round_trip() -> None:
+    eng = RoundEngine(CONFIG)
+    eng.handle(*hello("a"), 0.0)
+    eng.handle(*update("a", 1.5, round=0, seq=0), 1.0)
+    snap, hwm = decode_checkpoint(encode_checkpoint(eng.export(), 42))
+    restored = RoundEngine.restore(CONFIG, snap)
+    assert hwm == 42
+    assert restored.x.tobytes() == eng.x.tobytes()
+    assert restored.version == eng.version == 1
+    assert np.array_equal(restored.h["a"], eng.h["a"])
+    assert restored.export().meta == eng.export().meta
+
+
+def test_write_then_load_checkpoint(store: Store) -> None:
+    eng = RoundEngine(CONFIG, x0=np.arange(D, dtype=np.float64))
+    store.write_checkpoint(eng.export(), 7)
+    loaded = store.load_checkpoint()
+    assert loaded is not None and loaded.source == CHECKPOINT and loaded.journal_hwm == 7
+    assert np.array_equal(loaded.snapshot.x, np.arange(D))
+
+
+def test_leftover_temp_file_from_a_crash_is_ignored(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    first = Store(data)
+    first.write_checkpoint(RoundEngine(CONFIG, x0=np.ones(D)).export(), 1)
+    (data / ".checkpoint-crashed.npz").write_bytes(b"PK\x03\x04 half a zip")
+    second = Store(data)
+    loaded = second.load_checkpoint()
+    assert loaded is not None and np.array_equal(loaded.snapshot.x, np.ones(D))
+    assert not list(data.glob(".checkpoint-*"))
+
+
+def test_corrupt_checkpoint_falls_back_to_previous(store: Store) -> None:
+    store.write_checkpoint(RoundEngine(CONFIG, x0=np.ones(D)).export(), 1)
+    store.write_checkpoint(RoundEngine(CONFIG, x0=np.full(D, 2.0)).export(), 2)
+    path = store.dir / CHECKPOINT
+    blob = bytearray(path.read_bytes())
+    blob[len(blob) // 2] ^= 0xFF
+    path.write_bytes(bytes(blob))
+    loaded = Store(store.dir).load_checkpoint()
+    assert loaded is not None and loaded.source == CHECKPOINT_PREV
+    assert np.array_equal(loaded.snapshot.x, np.ones(D))
+    assert (store.dir / (CHECKPOINT + ".corrupt")).exists()
+
+
+def test_truncated_checkpoint_with_no_previous_refuses_to_start(store: Store) -> None:
+    store.write_checkpoint(RoundEngine(CONFIG).export(), 1)
+    path = store.dir / CHECKPOINT
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match="no valid checkpoint"):
+        Store(store.dir).load_checkpoint()
+
+
+def test_restart_resumes_from_checkpoint(store: Store) -> None:
+    h = Harness(store, RoundEngine(CONFIG))
+    run_two_rounds(h)
+    rec = recover(Store(store.dir), CONFIG)
+    assert rec.engine.version == 2
+    assert rec.engine.x.tobytes() == h.engine.x.tobytes()
+    assert np.array_equal(rec.engine.sum_h, h.engine.sum_h)  # type: ignore[arg-type]
+
+
+def test_redelivered_update_after_restart_is_not_applied_twice(store: Store) -> None:
+    h = Harness(store, RoundEngine(CONFIG))
+    run_two_rounds(h)
+    eng = recover(Store(store.dir), CONFIG).engine
+    eff = eng.handle(*update("b", 4.0, round=1, seq=1), 3.0)
+    assert eff.reason == "duplicate"
+    assert np.array_equal(eng.h["b"], np.full(D, 2.0 + 4.0))
+
+
+def test_crash_between_journal_and_checkpoint_replays_the_round(store: Store) -> None:
+    h = Harness(store, RoundEngine(CONFIG))
+    h.feed(*hello("a"), 0.0)
+    h.feed(*hello("b"), 0.0)
+    h.feed(*update("a", 1.0, round=0, seq=0), 1.0)
+    h.feed(*update("b", 2.0, round=0, seq=0), 1.0, checkpoint=False)  # crash before checkpoint
+    assert h.engine.version == 1
+    rec = recover(Store(store.dir), CONFIG)
+    assert rec.engine.version == 1 and rec.replayed == 4
+    assert rec.engine.x.tobytes() == h.engine.x.tobytes()
+    assert [r.version for r in Store(store.dir).history()] == [1]
+
+
+def test_recovery_from_previous_checkpoint_replays_journal_exactly(store: Store) -> None:
+    h = Harness(store, RoundEngine(CONFIG))
+    run_two_rounds(h)
+    path = store.dir / CHECKPOINT
+    path.write_bytes(b"garbage")
+    rec = recover(Store(store.dir), CONFIG)
+    assert rec.source == CHECKPOINT_PREV
+    assert rec.engine.version == 2
+    assert rec.engine.x.tobytes() == h.engine.x.tobytes()
+
+
+def test_history_beyond_recovered_version_is_deleted(store: Store) -> None:
+    h = Harness(store, RoundEngine(CONFIG))
+    run_two_rounds(h)
+    stray = h.engine.last_record
+    assert stray is not None
+    from dataclasses import replace
+
+    store.record_rounds([replace(stray, version=9, base_version=8)])
+    recover(Store(store.dir), CONFIG)
+    assert [r.version for r in Store(store.dir).history()] == [1, 2]
+
+
+def test_history_since_returns_later_rounds(store: Store) -> None:
+    run_two_rounds(Harness(store, RoundEngine(CONFIG)))
+    rows = store.history(since=1)
+    assert [r.version for r in rows] == [2]
+    assert rows[0].participants == ("a", "b")
+    assert rows[0].spend.bytes > 0
+
+
+def test_history_without_checkpoint_refuses_to_start(store: Store) -> None:
+    run_two_rounds(Harness(store, RoundEngine(CONFIG)))
+    (store.dir / CHECKPOINT).unlink()
+    (store.dir / CHECKPOINT_PREV).unlink()
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        recover(Store(store.dir), CONFIG)
+
+
+def test_checkpoint_of_another_job_is_refused(store: Store) -> None:
+    run_two_rounds(Harness(store, RoundEngine(CONFIG)))
+    with pytest.raises(CheckpointError, match="job"):
+        recover(Store(store.dir), EngineConfig(job="other", d=D))
