@@ -16,14 +16,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from edge_agent import messages
-from edge_agent.compressors import ValueDtype, compress
+from edge_agent.compressors import Update, ValueDtype, compress
 from edge_agent.data import Dataset
 from edge_agent.errors import WireFormatError
 from edge_agent.feedback import FEEDBACK, Feedback
@@ -156,7 +156,9 @@ class Agent:
         self.policy: Policy = parse_policy(config.policy)
         self.feedback: Feedback = FEEDBACK[config.feedback](model.d)
         self.smoothness = (
-            smoothness if smoothness is not None else model.smoothness(data, rng=np.random.default_rng(config.seed))
+            smoothness
+            if smoothness is not None
+            else model.smoothness(data, rng=np.random.default_rng(config.seed))
         )
         self.x: FloatArray | None = None
         self.version: int | None = None
@@ -166,6 +168,8 @@ class Agent:
         self.ledger = CostLedger()
         self.counters = AgentCounters()
         self.last_log: RoundLog | None = None
+        #: seconds spent per stage over all rounds (gradient, selection, compression, ...)
+        self.timings_s = dict.fromkeys(("grad", "select", "compress", "encode", "send"), 0.0)
         self.paused = False
         self.finished = False
         self._stop = threading.Event()
@@ -173,6 +177,7 @@ class Agent:
         self._last_progress = clock()
         self._quiet_until = 0.0
         self._fresh = True
+        self._hello_interval_s = 1.0
         self._topic_update = topics.update(config.job, config.agent_id)
         self._topic_model = topics.model(config.job)
         self._topic_delta = topics.delta(config.job)
@@ -183,7 +188,9 @@ class Agent:
     def start(self) -> None:
         """Connect, subscribe to the job's model topics, say hello, ask for the model."""
         job, me = self.config.job, self.config.agent_id
-        self.transport.set_will(topics.status(job, me), messages.dump(messages.Status(state="offline", agent=me)))
+        self.transport.set_will(
+            topics.status(job, me), messages.dump(messages.Status(state="offline", agent=me))
+        )
         self.transport.connect()
         for pattern in topics.agent_subscriptions(job):
             self.transport.subscribe(pattern)
@@ -208,7 +215,9 @@ class Agent:
             version=self.version,
         )
         self._send_control(topics.hello(job, me), messages.dump(hello))
-        self._send_control(topics.status(job, me), messages.dump(messages.Status(state="online", agent=me)))
+        self._send_control(
+            topics.status(job, me), messages.dump(messages.Status(state="online", agent=me))
+        )
         if self.x is None:
             self._request_snapshot()
         self._last_progress = self.clock()
@@ -216,7 +225,9 @@ class Agent:
     def _request_snapshot(self) -> None:
         self.counters.requests += 1
         req = messages.Request(have=self.version)
-        self._send_control(topics.request(self.config.job, self.config.agent_id), messages.dump(req))
+        self._send_control(
+            topics.request(self.config.job, self.config.agent_id), messages.dump(req)
+        )
 
     def _send_control(self, topic: str, payload: bytes) -> None:
         """Control traffic costs radio time too: it goes into the ledger (not as an update)."""
@@ -231,8 +242,12 @@ class Agent:
         """Say goodbye (status) and close the transport; idempotent."""
         try:
             if self.transport.connected:
-                status = messages.Status(state=state, agent=self.config.agent_id, round=self.version)
-                self.transport.publish(topics.status(self.config.job, self.config.agent_id), messages.dump(status))
+                status = messages.Status(
+                    state=state, agent=self.config.agent_id, round=self.version
+                )
+                self.transport.publish(
+                    topics.status(self.config.job, self.config.agent_id), messages.dump(status)
+                )
         finally:
             self.transport.close()
 
@@ -340,7 +355,9 @@ class Agent:
         t = max(cfg.t_min, min(chosen.t, cfg.t_max or v.size, v.size))
         t2 = time.perf_counter()
         order = chosen.indices if chosen.indices is not None and chosen.indices.size == t else None
-        update = compress(v, cfg.compressor, t, rng=self.rng, value_dtype=cfg.value_dtype, order=order)
+        update = compress(
+            v, cfg.compressor, t, rng=self.rng, value_dtype=cfg.value_dtype, order=order
+        )
         update = _with_semantics(update, self.feedback)
         t3 = time.perf_counter()
         blob = encode(update, job=cfg.job, agent=cfg.agent_id, round=self.version, seq=self.seq)
@@ -367,6 +384,10 @@ class Agent:
             encode_s=t4 - t3,
             send_s=t5 - t4,
         )
+        for stage, seconds in zip(
+            self.timings_s, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True
+        ):
+            self.timings_s[stage] += seconds
         self.sent_version = self.version
         self.seq += 1
         self.rounds += 1
@@ -401,21 +422,25 @@ class Agent:
             now = self.clock()
             if self.due and (cfg.duty_cycle == "ignore" or now >= self._quiet_until):
                 self.step()
-            elif cfg.max_rounds is not None and self.rounds >= cfg.max_rounds and self.version != self.sent_version:
+            elif (
+                cfg.max_rounds is not None
+                and self.rounds >= cfg.max_rounds
+                and self.version != self.sent_version
+            ):
                 break
-            elif cfg.resend_s is not None and now - self._last_progress >= cfg.resend_s:
-                if self.x is None:
-                    self._say_hello()
-                else:
-                    self._resend()
+            elif self.x is None and now - self._last_progress >= self._hello_interval_s:
+                # No model yet: the aggregator may not be up, or missed the hello. Back off.
+                self._say_hello()
+                self._hello_interval_s = min(2 * self._hello_interval_s, cfg.resend_s or 30.0)
+            elif (
+                self.x is not None
+                and cfg.resend_s is not None
+                and now - self._last_progress >= cfg.resend_s
+            ):
+                self._resend()
 
 
-def _with_semantics(update: object, feedback: Feedback) -> object:
-    from dataclasses import replace
-
-    from edge_agent.compressors import Update
-
-    assert isinstance(update, Update)
+def _with_semantics(update: Update, feedback: Feedback) -> Update:
     if update.semantics == feedback.semantics:
         return update
     return replace(update, semantics=feedback.semantics)

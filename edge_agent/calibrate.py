@@ -33,14 +33,16 @@ def serve_echo(bind: str, *, max_requests: int | None = None, poll_ms: int = 500
     """Echo every request on a ZeroMQ REP socket bound at ``bind`` (e.g. tcp://0.0.0.0:5599)."""
     import zmq
 
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     sock = ctx.socket(zmq.REP)
     sock.setsockopt(zmq.LINGER, 1000)
     try:
         sock.bind(bind)
     except zmq.ZMQError as exc:
         sock.close()
-        raise TransportError(f"calibrate serve: cannot bind {bind}: {exc}; is the port in use?") from None
+        raise TransportError(
+            f"calibrate serve: cannot bind {bind}: {exc}; is the port in use?"
+        ) from None
     served = 0
     try:
         while max_requests is None or served < max_requests:
@@ -60,7 +62,7 @@ def measure_link(
     sizes = sorted(set(sizes or DEFAULT_SIZES))
     if sizes[0] < 1:
         raise ValueError(f"calibrate: sizes must be >= 1 byte, got {sizes[0]}")
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     sock = ctx.socket(zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVTIMEO, int(timeout_s * 1000))

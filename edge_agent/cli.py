@@ -46,8 +46,12 @@ def _transport_options(args: argparse.Namespace) -> dict[str, object]:
             opts["curve_server_public_key_file"] = args.curve_server_key
         if args.curve_secret_file:
             opts["curve_client_secret_file"] = args.curve_secret_file
-    elif any(getattr(args, n) for n in ("username", "password_file", "ca_file", "curve_server_key")):
-        raise CatEdgeError(f"--server {args.server}: credentials and keys apply to mqtt://, mqtts:// or zmq+tcp:// only")
+    elif any(
+        getattr(args, n) for n in ("username", "password_file", "ca_file", "curve_server_key")
+    ):
+        raise CatEdgeError(
+            f"--server {args.server}: credentials and keys apply to mqtt://, mqtts:// or zmq+tcp:// only"
+        )
     return opts
 
 
@@ -75,7 +79,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         duty_cycle=args.duty_cycle,
         max_rounds=args.max_rounds,
     )
-    transport = open_transport(args.server, role="agent", client_id=f"cat-{args.job}-{agent_id}", **_transport_options(args))
+    transport = open_transport(
+        args.server,
+        role="agent",
+        client_id=f"cat-{args.job}-{agent_id}",
+        **_transport_options(args),
+    )
     agent = Agent(
         config,
         model=model,
@@ -86,8 +95,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     log.info(
         "agent %s: job %s, %d rows x %d features, model %s (d=%d, L=%.4g), %s/%s on %s (objective %s), server %s",
-        agent_id, args.job, data.n_rows, data.n_features, model.kind, model.d, agent.smoothness,
-        args.compressor, args.policy, profile.name, profile.objective, args.server,
+        agent_id,
+        args.job,
+        data.n_rows,
+        data.n_features,
+        model.kind,
+        model.d,
+        agent.smoothness,
+        args.compressor,
+        args.policy,
+        profile.name,
+        profile.objective,
+        args.server,
     )
 
     def _on_signal(signum: int, frame: FrameType | None) -> None:
@@ -108,11 +127,24 @@ def cmd_run(args: argparse.Namespace) -> int:
         "version": agent.version,
         **{k: v for k, v in vars(agent.ledger).items()},
         "dropped": agent.counters.dropped,
+        "timings_s": agent.timings_s,
+        "peak_rss_mb": _peak_rss_mb(),
     }
     print(json.dumps(summary), flush=True)
     if args.save_model and agent.x is not None:
         np.save(args.save_model, agent.x)
     return 0
+
+
+def _peak_rss_mb() -> float | None:
+    """Peak resident memory of this process (VmHWM; ru_maxrss would include a forking parent's)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return None
 
 
 # --------------------------------------------------------------------------- profiles
@@ -123,7 +155,9 @@ def cmd_profiles(args: argparse.Namespace) -> int:
     from edge_agent.selection import make_price, select
     from edge_agent.wire import encoded_size
 
-    profiles = [resolve_profile(p) for p in args.profile] if args.profile else list_profiles(args.dir)
+    profiles = (
+        [resolve_profile(p) for p in args.profile] if args.profile else list_profiles(args.dir)
+    )
     if args.gradient:
         g = np.load(args.gradient).astype(np.float64).ravel()
     else:
@@ -135,7 +169,9 @@ def cmd_profiles(args: argparse.Namespace) -> int:
         price = make_price(p, args.compressor, d=d, job="job", agent="agent")
         sel = select(g, args.compressor, price) if args.compressor != "dense" else None
         t = sel.t if sel else d
-        size = int(encoded_size(args.compressor, d=d, t=t, job="job", agent="agent", round=0, seq=0))
+        size = int(
+            encoded_size(args.compressor, d=d, t=t, job="job", agent="agent", round=0, seq=0)
+        )
         dense_size = int(encoded_size("dense", d=d, t=d, job="job", agent="agent", round=0, seq=0))
         c, dc = p.message_cost(size), p.message_cost(dense_size)
         objective = p.objective
@@ -160,7 +196,9 @@ def cmd_profiles(args: argparse.Namespace) -> int:
         for row in rows:
             print(json.dumps(row))
         return 0
-    print(f"CAT choice for d={d} ({args.compressor}, {'gradient ' + args.gradient if args.gradient else 'synthetic heavy-tailed gradient'}):")
+    print(
+        f"CAT choice for d={d} ({args.compressor}, {'gradient ' + args.gradient if args.gradient else 'synthetic heavy-tailed gradient'}):"
+    )
     head = f"{'profile':<36} {'objective':<10} {'T*':>7} {'bytes':>8} {'pkts':>5} {'airtime_s':>10} {'energy_j':>10} {'vs dense':>9}"
     print(head)
     print("-" * len(head))
@@ -224,7 +262,11 @@ def cmd_calibrate_measure(args: argparse.Namespace) -> int:
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else None
     points = measure_link(args.peer, sizes=sizes, repeats=args.repeats, timeout_s=args.timeout_s)
     profile, fit = write_measured_profile(
-        points, name=args.name, out=args.out, power_w=args.power_w, overhead_bytes=args.overhead_bytes
+        points,
+        name=args.name,
+        out=args.out,
+        power_w=args.power_w,
+        overhead_bytes=args.overhead_bytes,
     )
     for p in points:
         print(f"{p.size_bytes:>7} B  one-way {p.seconds * 1e3:9.3f} ms (median of {args.repeats})")
@@ -244,52 +286,135 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=fmt,
     )
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,profiles,data,calibrate}")
+    parser.add_argument(
+        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+    )
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="{run,profiles,data,calibrate}"
+    )
 
-    run = sub.add_parser("run", help="join a job and train on a local data shard", formatter_class=fmt, epilog=EPILOG)
-    run.add_argument("--profile", required=True, help="cost profile of this device's link: a JSON file or a shipped profile name (see `edge-agent profiles`)")
-    run.add_argument("--server", default=DEFAULT_SERVER, help="aggregator/broker URL: zmq+tcp://host:port, mqtt://host:port, mqtts://host:port")
-    run.add_argument("--job", default="demo", help="job id ([A-Za-z0-9._-], as configured on the aggregator)")
+    run = sub.add_parser(
+        "run", help="join a job and train on a local data shard", formatter_class=fmt, epilog=EPILOG
+    )
+    run.add_argument(
+        "--profile",
+        required=True,
+        help="cost profile of this device's link: a JSON file or a shipped profile name (see `edge-agent profiles`)",
+    )
+    run.add_argument(
+        "--server",
+        default=DEFAULT_SERVER,
+        help="aggregator/broker URL: zmq+tcp://host:port, mqtt://host:port, mqtts://host:port",
+    )
+    run.add_argument(
+        "--job", default="demo", help="job id ([A-Za-z0-9._-], as configured on the aggregator)"
+    )
     run.add_argument("--agent-id", default=None, help="this agent's id (default: the host name)")
-    run.add_argument("--data", required=True, help="local data shard: LIBSVM (.svm/.libsvm/.txt), .npz or .csv")
-    run.add_argument("--features", type=int, default=None, help="number of features of the job's model (pads a shard that lacks the last features)")
+    run.add_argument(
+        "--data", required=True, help="local data shard: LIBSVM (.svm/.libsvm/.txt), .npz or .csv"
+    )
+    run.add_argument(
+        "--features",
+        type=int,
+        default=None,
+        help="number of features of the job's model (pads a shard that lacks the last features)",
+    )
     run.add_argument("--model", default="logreg", choices=["logreg", "lsq", "softmax"])
     run.add_argument("--classes", type=int, default=2, help="classes (softmax)")
-    run.add_argument("--l2", type=float, default=1e-3, help="l2 regularisation (must match the aggregator's)")
+    run.add_argument(
+        "--l2", type=float, default=1e-3, help="l2 regularisation (must match the aggregator's)"
+    )
     run.add_argument("--compressor", default="topk", choices=["dense", "topk", "signtopk", "randk"])
-    run.add_argument("--policy", default="cat", help="how T is chosen: cat | fixed:T | dynamic | hybrid:S")
-    run.add_argument("--feedback", default="none", choices=["none", "ef", "ef21"], help="error feedback (ef21 recommended with many agents)")
+    run.add_argument(
+        "--policy", default="cat", help="how T is chosen: cat | fixed:T | dynamic | hybrid:S"
+    )
+    run.add_argument(
+        "--feedback",
+        default="none",
+        choices=["none", "ef", "ef21"],
+        help="error feedback (ef21 recommended with many agents)",
+    )
     run.add_argument("--value-dtype", default="float32", choices=["float32", "float16", "float64"])
-    run.add_argument("--duty-cycle", default="wait", choices=["wait", "ignore"], help="wait: stay silent as the profile's duty cycle demands; ignore: only account it (loopback tests)")
-    run.add_argument("--resend-s", type=float, default=10.0, help="re-send the last update after this many silent seconds (0: never)")
-    run.add_argument("--max-rounds", type=int, default=None, help="stop after answering this many rounds")
-    run.add_argument("--seed", type=int, default=0, help="seed of this agent's random choices (randk, power iteration)")
+    run.add_argument(
+        "--duty-cycle",
+        default="wait",
+        choices=["wait", "ignore"],
+        help="wait: stay silent as the profile's duty cycle demands; ignore: only account it (loopback tests)",
+    )
+    run.add_argument(
+        "--resend-s",
+        type=float,
+        default=10.0,
+        help="re-send the last update after this many silent seconds (0: never)",
+    )
+    run.add_argument(
+        "--max-rounds", type=int, default=None, help="stop after answering this many rounds"
+    )
+    run.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of this agent's random choices (randk, power iteration)",
+    )
     run.add_argument("--save-model", default=None, help="write the final model copy here (.npy)")
     run.add_argument("--quiet", action="store_true", help="no per-round log line")
     sec = run.add_argument_group("credentials (never defaults; secrets from files or environment)")
     sec.add_argument("--username", default=None, help="MQTT user name")
-    sec.add_argument("--password-file", default=None, help="file holding the MQTT password (or set CAT_EDGE_MQTT_PASSWORD)")
+    sec.add_argument(
+        "--password-file",
+        default=None,
+        help="file holding the MQTT password (or set CAT_EDGE_MQTT_PASSWORD)",
+    )
     sec.add_argument("--ca-file", default=None, help="CA certificate for mqtts://")
     sec.add_argument("--cert-file", default=None, help="client certificate for mqtts://")
     sec.add_argument("--key-file", default=None, help="client key for mqtts://")
-    sec.add_argument("--curve-server-key", default=None, help="file with the aggregator's CurveZMQ public key (z85)")
-    sec.add_argument("--curve-secret-file", default=None, help="this agent's CurveZMQ secret key file")
+    sec.add_argument(
+        "--curve-server-key",
+        default=None,
+        help="file with the aggregator's CurveZMQ public key (z85)",
+    )
+    sec.add_argument(
+        "--curve-secret-file", default=None, help="this agent's CurveZMQ secret key file"
+    )
     run.set_defaults(func=cmd_run)
 
-    prof = sub.add_parser("profiles", help="list cost profiles and the T CAT would pick on each", formatter_class=fmt, epilog=EPILOG)
-    prof.add_argument("profile", nargs="*", help="profile files or names (default: every shipped profile)")
-    prof.add_argument("--dir", type=Path, default=None, help="profile directory (default: the shipped cost_profiles/)")
+    prof = sub.add_parser(
+        "profiles",
+        help="list cost profiles and the T CAT would pick on each",
+        formatter_class=fmt,
+        epilog=EPILOG,
+    )
+    prof.add_argument(
+        "profile", nargs="*", help="profile files or names (default: every shipped profile)"
+    )
+    prof.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="profile directory (default: the shipped cost_profiles/)",
+    )
     prof.add_argument("--d", type=int, default=47236, help="model dimension")
-    prof.add_argument("--compressor", default="topk", choices=["dense", "topk", "signtopk", "randk"])
-    prof.add_argument("--gradient", default=None, help="a gradient (.npy) to price instead of a synthetic one")
+    prof.add_argument(
+        "--compressor", default="topk", choices=["dense", "topk", "signtopk", "randk"]
+    )
+    prof.add_argument(
+        "--gradient", default=None, help="a gradient (.npy) to price instead of a synthetic one"
+    )
     prof.add_argument("--seed", type=int, default=0)
     prof.add_argument("--json", action="store_true", help="one JSON object per profile")
     prof.set_defaults(func=cmd_profiles)
 
-    data = sub.add_parser("data", help="generate synthetic shards or split a data file", formatter_class=fmt, epilog=EPILOG)
+    data = sub.add_parser(
+        "data",
+        help="generate synthetic shards or split a data file",
+        formatter_class=fmt,
+        epilog=EPILOG,
+    )
     dsub = data.add_subparsers(dest="data_command", required=True, metavar="{generate,split}")
-    for name, helptext in (("generate", "generate an RCV1-like sparse set and split it"), ("split", "split a LIBSVM/.npz/.csv file into shards")):
+    for name, helptext in (
+        ("generate", "generate an RCV1-like sparse set and split it"),
+        ("split", "split a LIBSVM/.npz/.csv file into shards"),
+    ):
         p = dsub.add_parser(name, help=helptext, formatter_class=fmt)
         if name == "generate":
             p.add_argument("--rows", type=int, default=2000)
@@ -299,27 +424,61 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("file", help="data file to split")
             p.set_defaults(func=cmd_data_split)
         p.add_argument("--shards", type=int, default=1, help="number of agent shards")
-        p.add_argument("--how", default="iid", choices=["iid", "label"], help="iid, or skewed by label")
+        p.add_argument(
+            "--how", default="iid", choices=["iid", "label"], help="iid, or skewed by label"
+        )
         p.add_argument("--out", required=True, help="output directory")
         p.add_argument("--format", default="svm", choices=["svm", "npz"])
-        p.add_argument("--full", action="store_true", help="also write the whole set (for the aggregator's evaluation)")
+        p.add_argument(
+            "--full",
+            action="store_true",
+            help="also write the whole set (for the aggregator's evaluation)",
+        )
         p.add_argument("--seed", type=int, default=0)
 
-    cal = sub.add_parser("calibrate", help="measure a real link and write a measured cost profile", formatter_class=fmt, epilog=EPILOG)
+    cal = sub.add_parser(
+        "calibrate",
+        help="measure a real link and write a measured cost profile",
+        formatter_class=fmt,
+        epilog=EPILOG,
+    )
     csub = cal.add_subparsers(dest="calibrate_command", required=True, metavar="{serve,measure}")
-    srv = csub.add_parser("serve", help="run the echo peer (on the other end of the link)", formatter_class=fmt)
+    srv = csub.add_parser(
+        "serve", help="run the echo peer (on the other end of the link)", formatter_class=fmt
+    )
     srv.add_argument("--bind", default="tcp://127.0.0.1:5599", help="ZeroMQ endpoint to bind")
     srv.add_argument("--max-requests", type=int, default=None, help="exit after this many echoes")
     srv.set_defaults(func=cmd_calibrate_serve)
-    mea = csub.add_parser("measure", help="send 16 B .. 64 KiB payloads to the peer, fit, write a profile", formatter_class=fmt)
-    mea.add_argument("--peer", required=True, help="ZeroMQ endpoint of the echo peer, e.g. tcp://10.0.0.2:5599")
+    mea = csub.add_parser(
+        "measure",
+        help="send 16 B .. 64 KiB payloads to the peer, fit, write a profile",
+        formatter_class=fmt,
+    )
+    mea.add_argument(
+        "--peer", required=True, help="ZeroMQ endpoint of the echo peer, e.g. tcp://10.0.0.2:5599"
+    )
     mea.add_argument("--name", required=True, help="profile name ([A-Za-z0-9_.-])")
     mea.add_argument("--out", required=True, help="profile file to write (.json)")
-    mea.add_argument("--sizes", default=None, help="comma-separated payload sizes in bytes (default 16..65536, powers of two)")
-    mea.add_argument("--repeats", type=int, default=20, help="round trips per size (the median is used)")
-    mea.add_argument("--timeout-s", type=float, default=5.0, help="give up on a round trip after this long")
-    mea.add_argument("--power-w", type=float, default=None, help="radio power while sending (W): adds energy_j = power * time")
-    mea.add_argument("--overhead-bytes", type=int, default=0, help="framing bytes per message not in the payload")
+    mea.add_argument(
+        "--sizes",
+        default=None,
+        help="comma-separated payload sizes in bytes (default 16..65536, powers of two)",
+    )
+    mea.add_argument(
+        "--repeats", type=int, default=20, help="round trips per size (the median is used)"
+    )
+    mea.add_argument(
+        "--timeout-s", type=float, default=5.0, help="give up on a round trip after this long"
+    )
+    mea.add_argument(
+        "--power-w",
+        type=float,
+        default=None,
+        help="radio power while sending (W): adds energy_j = power * time",
+    )
+    mea.add_argument(
+        "--overhead-bytes", type=int, default=0, help="framing bytes per message not in the payload"
+    )
     mea.set_defaults(func=cmd_calibrate_measure)
     return parser
 
@@ -327,7 +486,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=args.log_level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
     try:
         return int(args.func(args))
     except CatEdgeError as exc:
@@ -345,4 +508,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-

@@ -125,14 +125,24 @@ def _check(g: FloatArray, t: int) -> None:
 
 
 def compress_dense(
-    g: FloatArray, t: int, *, value_dtype: ValueDtype, rng: np.random.Generator | None, order: IntArray | None
+    g: FloatArray,
+    t: int,
+    *,
+    value_dtype: ValueDtype,
+    rng: np.random.Generator | None,
+    order: IntArray | None,
 ) -> Update:
     """Send every entry; T is ignored (always d)."""
     return Update("dense", g.size, None, _round(g, value_dtype))
 
 
 def compress_topk(
-    g: FloatArray, t: int, *, value_dtype: ValueDtype, rng: np.random.Generator | None, order: IntArray | None
+    g: FloatArray,
+    t: int,
+    *,
+    value_dtype: ValueDtype,
+    rng: np.random.Generator | None,
+    order: IntArray | None,
 ) -> Update:
     """Deterministic sparsification: g on its t largest-magnitude entries."""
     _check(g, t)
@@ -141,7 +151,12 @@ def compress_topk(
 
 
 def compress_signtopk(
-    g: FloatArray, t: int, *, value_dtype: ValueDtype, rng: np.random.Generator | None, order: IntArray | None
+    g: FloatArray,
+    t: int,
+    *,
+    value_dtype: ValueDtype,
+    rng: np.random.Generator | None,
+    order: IntArray | None,
 ) -> Update:
     """Sparsification + 1-bit quantisation: s * sign(g_i) on the top-t entries, s = A1(t)/t.
 
@@ -175,14 +190,23 @@ def randk_probabilities(absg: FloatArray, t: float) -> tuple[FloatArray, float]:
     rest = tail[r]
     lam = (t - r) / rest if rest > 0 else 0.0
     thr = mags[r - 1] if r > 0 else np.inf
-    p = np.where(absg >= thr, 1.0, np.minimum(1.0, lam * absg)) if r > 0 else np.minimum(1.0, lam * absg)
+    p = (
+        np.where(absg >= thr, 1.0, np.minimum(1.0, lam * absg))
+        if r > 0
+        else np.minimum(1.0, lam * absg)
+    )
     a2_r = float(np.dot(mags[:r], mags[:r]))
     v = a2_r + (rest * rest / (t - r) if t > r else 0.0)
     return p, v
 
 
 def compress_randk(
-    g: FloatArray, t: int, *, value_dtype: ValueDtype, rng: np.random.Generator | None, order: IntArray | None
+    g: FloatArray,
+    t: int,
+    *,
+    value_dtype: ValueDtype,
+    rng: np.random.Generator | None,
+    order: IntArray | None,
 ) -> Update:
     """Stochastic sparsification (Wangni et al. 2018) with expected size t, pre-scaled by rho."""
     _check(g, t)
@@ -191,11 +215,18 @@ def compress_randk(
     absg = _abs(g)
     norm2 = float(np.dot(g, g))
     if t == 0 or norm2 == 0.0:
-        return Update("randk", g.size, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=VALUE_DTYPES[value_dtype]))
+        return Update(
+            "randk",
+            g.size,
+            np.zeros(0, dtype=np.int64),
+            np.zeros(0, dtype=VALUE_DTYPES[value_dtype]),
+        )
     p, v = randk_probabilities(absg, t)
     keep = np.flatnonzero(rng.random(g.size) < p)
     rho = norm2 / v
-    return Update("randk", g.size, keep.astype(np.int64), _round(rho * g[keep] / p[keep], value_dtype))
+    return Update(
+        "randk", g.size, keep.astype(np.int64), _round(rho * g[keep] / p[keep], value_dtype)
+    )
 
 
 Compressor = Callable[..., Update]
@@ -229,5 +260,4 @@ def compress(
     arr = np.ascontiguousarray(g, dtype=np.float64)
     if not np.isfinite(arr).all():
         raise ValueError("gradient has non-finite entries (nan or inf); refusing to send it")
-    update: Update = fn(arr, int(t), value_dtype=value_dtype, rng=rng, order=order)  # type: ignore[operator]
-    return update
+    return fn(arr, int(t), value_dtype=value_dtype, rng=rng, order=order)

@@ -164,8 +164,12 @@ def _parse_libsvm(
     n_features: int | None,
     zero_based: bool | Literal["auto"],
     map_binary: bool,
+    line_offset: int = 0,
 ) -> Dataset:
-    """Parse LIBSVM text held in ``raw``; ``name`` is used in error messages."""
+    """Parse LIBSVM text held in ``raw``; ``name`` is used in error messages.
+
+    ``line_offset`` is the number of lines before ``raw`` in the file (for error messages).
+    """
     # Work on a byte array; only booleans are kept per byte (int arrays are per token),
     # so a 40 MB file needs a few hundred MB at most.
     buf = np.frombuffer(raw, dtype=np.uint8).copy()
@@ -207,7 +211,7 @@ def _parse_libsvm(
     tok_start = np.flatnonzero(solid & prev_ws)
     tok_end = np.flatnonzero(solid & next_ws) + 1
     del solid, prev_ws, next_ws, is_ws
-    tok_line = np.searchsorted(newlines, tok_start) + 1  # 1-based physical line numbers
+    tok_line = np.searchsorted(newlines, tok_start) + 1 + line_offset  # 1-based physical lines
     n_tok = tok_start.size
     first = np.ones(n_tok, dtype=bool)
     if n_tok:
@@ -353,7 +357,59 @@ def read_libsvm(
         raise DataError(f"{path}: cannot read the file ({exc.strerror}); check the path") from exc
     if n_features is not None and n_features < 0:
         raise DataError(f"{path}: n_features must be >= 0, got {n_features}")
-    return _parse_libsvm(raw, str(path), n_features, zero_based, map_binary)
+    if len(raw) <= CHUNK_BYTES:
+        return _parse_libsvm(raw, str(path), n_features, zero_based, map_binary)
+    return _parse_libsvm_chunked(raw, str(path), n_features, zero_based, map_binary)
+
+
+#: Files larger than this are parsed in pieces of about this size: the tokeniser needs
+#: roughly ten times its input in temporaries, which a device cannot spare for a whole file.
+CHUNK_BYTES = 1 << 20
+
+
+def _parse_libsvm_chunked(
+    raw: bytes,
+    name: str,
+    n_features: int | None,
+    zero_based: bool | Literal["auto"],
+    map_binary: bool,
+) -> Dataset:
+    """Parse ``raw`` chunk by chunk (split at line ends) and join the rows."""
+    parts: list[Dataset] = []
+    start = 0
+    lines_before = 0
+    while start < len(raw):
+        end = raw.find(b"\n", min(start + CHUNK_BYTES, len(raw)) - 1)
+        end = len(raw) if end < 0 else end + 1
+        chunk = raw[start:end]
+        # "auto" is decided on the whole file: keep raw indices (as 0-based) for now.
+        zb: bool | Literal["auto"] = True if zero_based == "auto" else zero_based
+        width_hint = None if zero_based == "auto" else n_features
+        parts.append(_parse_libsvm(chunk, name, width_hint, zb, False, line_offset=lines_before))
+        lines_before += chunk.count(b"\n")
+        start = end
+    mats = [p.X for p in parts if isinstance(p.X, CSRMatrix)]
+    data = np.concatenate([m.data for m in mats])
+    cols = np.concatenate([np.asarray(m.indices, dtype=np.int64) for m in mats])
+    offsets = np.cumsum(np.array([0] + [m.nnz for m in mats[:-1]], dtype=np.int64))
+    indptr = np.concatenate(
+        [np.zeros(1, dtype=np.int64)]
+        + [
+            np.asarray(m.indptr[1:], dtype=np.int64) + off
+            for m, off in zip(mats, offsets, strict=True)
+        ]
+    )
+    labels = np.concatenate([np.asarray(p.y, dtype=np.float64) for p in parts])
+    if zero_based == "auto" and cols.size and int(cols.min()) > 0:
+        cols -= 1  # no index 0 anywhere: the file is 1-based (the LIBSVM default)
+    seen = int(cols.max()) + 1 if cols.size else 0
+    width = seen if n_features is None else n_features
+    if seen > width:  # "auto" mode only: otherwise every chunk checked it, with line numbers
+        raise DataError(
+            f"{name}: feature index {seen} does not fit n_features={width}; pass n_features >= {seen}"
+        )
+    X = CSRMatrix(data, _compact_indices(cols, width), indptr, (labels.size, width))
+    return Dataset(X, _normalise_labels(labels, map_binary=map_binary))
 
 
 def _format_numbers(values: FloatArray) -> list[str]:

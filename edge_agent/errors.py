@@ -5,6 +5,11 @@ Every error names the thing that is wrong and, where there is one, the fix.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TypeVar
+
+T = TypeVar("T")
+
 
 class CatEdgeError(Exception):
     """Root of all cat-edge errors."""
@@ -37,7 +42,7 @@ class TransportError(CatEdgeError):
     """A transport could not connect, publish or subscribe."""
 
 
-def lookup(registry: dict[str, object], name: str, what: str) -> object:
+def lookup(registry: Mapping[str, T], name: str, what: str) -> T:
     """Return ``registry[name]`` or raise UnknownNameError listing the valid names."""
     try:
         return registry[name]

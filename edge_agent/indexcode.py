@@ -36,35 +36,62 @@ def _trit_bits(n: IntArray | int) -> IntArray:
     return np.asarray(64 * (n // TRITS_PER_WORD) + _TRIT_BITS[n % TRITS_PER_WORD], dtype=np.int64)
 
 
-def _candidates(d: int) -> tuple[IntArray, IntArray]:
-    top = min(MAX_L, max(1, int(d).bit_length()))
-    ls = np.arange(top + 1, dtype=np.int64)
-    return np.concatenate([np.ones_like(ls), np.full_like(ls, 3)]), np.concatenate([ls, ls])
+def _max_l(d: int) -> int:
+    return min(MAX_L, max(1, int(d).bit_length()))
 
 
 def _bits_for(d: int, n: IntArray, b: IntArray, l: IntArray) -> IntArray:
-    """Exact bit count for every (n, b, l) combination; n has shape (k, 1), b and l (1, c)."""
+    """Exact bit count of the code (b, l) for n indices; arrays broadcast together."""
     m = b << l
     bits = n * l + n + (d - 1) // m
     return np.asarray(bits + np.where(b == 3, _trit_bits(n), 0), dtype=np.int64)
 
 
+def _band(d: int, n: IntArray) -> tuple[IntArray, IntArray]:
+    """Candidate (b, l) per n, shape (len(n), 8): l within 2 of the continuous optimum.
+
+    For fixed n and b the bit count is n*l + d/(b*2^l) up to one bit of rounding, convex in
+    l with its minimum at log2(d*ln2/(b*n)); the integer optimum lies within one step of it,
+    so this band holds the minimum over every l (a test checks it against all l).
+    """
+    top = _max_l(d)
+    b = np.array([1, 1, 1, 1, 3, 3, 3, 3], dtype=np.int64)
+    step = np.array([-2, -1, 0, 1, -2, -1, 0, 1], dtype=np.int64)
+    centre = np.floor(np.log2(d * np.log(2) / (b[None, :] * np.maximum(n[:, None], 1)))).astype(
+        np.int64
+    )
+    l = np.clip(centre + 1 + step[None, :], 0, top)
+    return np.broadcast_to(b, l.shape), l
+
+
 def best_code(d: int, n: int) -> tuple[int, int, int]:
-    """Return (b, l, bits) of the cheapest code for n indices out of d (ties: first candidate)."""
+    """Return (b, l, bits) of the cheapest code for n indices out of d (ties: b=1, smaller l)."""
     if n == 0:
         return 1, 0, 0
-    b, l = _candidates(d)
-    bits = _bits_for(d, np.array([[n]], dtype=np.int64), b[None, :], l[None, :])[0]
-    k = int(np.argmin(bits))
-    return int(b[k]), int(l[k]), int(bits[k])
+    nn = np.array([n], dtype=np.int64)
+    b, l = _band(d, nn)
+    bits = _bits_for(d, nn[:, None], b, l)[0]
+    # among equal sizes prefer b = 1 (plain Elias-Fano), then the smaller l
+    order = np.lexsort((l[0], b[0], bits))
+    k = int(order[0])
+    return int(b[0, k]), int(l[0, k]), int(bits[k])
 
 
 def index_bits(d: int, n: npt.ArrayLike) -> IntArray:
     """Bits of the index block body for n indices out of d, vectorised over n (0 for n == 0)."""
     n_arr = np.atleast_1d(np.asarray(n, dtype=np.int64))
-    b, l = _candidates(d)
-    bits = _bits_for(d, n_arr[:, None], b[None, :], l[None, :]).min(axis=1)
+    b, l = _band(d, n_arr)
+    bits = _bits_for(d, n_arr[:, None], b, l).min(axis=1)
     return np.where(n_arr == 0, 0, bits)
+
+
+def index_bits_exhaustive(d: int, n: int) -> int:
+    """Reference: the minimum over every (b, l) the decoder accepts (for tests)."""
+    if n == 0:
+        return 0
+    ls = np.arange(_max_l(d) + 1, dtype=np.int64)
+    nn = np.array([n], dtype=np.int64)
+    return int(min(_bits_for(d, nn, np.full_like(ls, b), ls).min() for b in (1, 3)))
 
 
 def index_bytes(d: int, n: npt.ArrayLike) -> IntArray:
@@ -80,9 +107,10 @@ def _bits_of_words(words: npt.NDArray[np.uint64], width: int) -> npt.NDArray[np.
 
 def _words_of_bits(bits: npt.NDArray[np.uint8], width: int) -> npt.NDArray[np.uint64]:
     shifts = np.arange(width, dtype=np.uint64)
-    return np.bitwise_or.reduce(
+    words: npt.NDArray[np.uint64] = np.bitwise_or.reduce(
         bits.reshape(-1, width).astype(np.uint64) << shifts[None, :], axis=1
     ).astype(np.uint64)
+    return words
 
 
 def encode_indices(indices: npt.NDArray[np.integer], d: int) -> bytes:
@@ -127,7 +155,7 @@ def decode_indices(buf: bytes | memoryview, offset: int, d: int, n: int) -> tupl
     code = buf[offset]
     b = 3 if code & 0x80 else 1
     l = code & 0x7F
-    if l > min(MAX_L, max(1, d.bit_length())):
+    if l > _max_l(d):
         raise WireFormatError(f"index code: l={l} too large for d={d}")
     m = b << l
     high_len = n + (d - 1) // m

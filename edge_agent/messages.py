@@ -81,7 +81,9 @@ def dump(msg: _Msg) -> bytes:
 def parse(cls: type[M], payload: bytes) -> M:
     """Validate a JSON payload as ``cls``; raises WireFormatError naming the problem."""
     if len(payload) > 4096:
-        raise WireFormatError(f"{cls.__name__.lower()}: payload of {len(payload)} bytes exceeds 4096")
+        raise WireFormatError(
+            f"{cls.__name__.lower()}: payload of {len(payload)} bytes exceeds 4096"
+        )
     try:
         return cls.model_validate_json(payload)
     except ValidationError as exc:

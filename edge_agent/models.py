@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar, cast
+from typing import ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -370,5 +370,5 @@ def make_model(kind: str, *, n_features: int, n_classes: int = 2, l2: float = 1e
     Raises :class:`~edge_agent.errors.UnknownNameError` listing the valid
     names, or :class:`DataError` for invalid sizes.
     """
-    cls = cast(type[Model], lookup(dict(MODELS), kind, "model"))
+    cls = lookup(MODELS, kind, "model")
     return cls(n_features=n_features, n_classes=n_classes, l2=l2)

@@ -22,7 +22,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from edge_agent.compressors import ValueDtype, randk_probabilities
+from edge_agent.compressors import ValueDtype
 from edge_agent.errors import lookup
 from edge_agent.wire import encoded_size
 
@@ -30,7 +30,7 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 Price = Callable[[IntArray], FloatArray]
 
-_SAMPLE = 4096  # entries looked at to guess the threshold
+_SAMPLE = 2048  # entries looked at to guess the threshold
 _GRID = 1.08  # geometric step of the bound intervals beyond the seen entries
 
 
@@ -63,9 +63,18 @@ def make_price(
 
     def price(t: IntArray) -> FloatArray:
         sizes = encoded_size(
-            compressor, d=d, t=t, job=job, agent=agent, round=round, seq=seq, value_dtype=value_dtype
+            compressor,
+            d=d,
+            t=t,
+            job=job,
+            agent=agent,
+            round=round,
+            seq=seq,
+            value_dtype=value_dtype,
         )
-        return np.asarray(profile.objective_cost(np.asarray(sizes, dtype=np.int64)), dtype=np.float64)
+        return np.asarray(
+            profile.objective_cost(np.asarray(sizes, dtype=np.int64)), dtype=np.float64
+        )
 
     return price
 
@@ -109,7 +118,9 @@ def _check_range(t_min: int, t_max: int, d: int) -> None:
         raise ValueError(f"need 1 <= t_min <= t_max <= d={d}, got t_min={t_min}, t_max={t_max}")
 
 
-def _select_randk(g: FloatArray, absg: FloatArray, price: Price, t_min: int, t_max: int) -> Selection:
+def _select_randk(
+    g: FloatArray, absg: FloatArray, price: Price, t_min: int, t_max: int
+) -> Selection:
     """randk: gain = ||g||^4 / V(T) in expectation; priced at the expected size T (exact, sorted)."""
     mags = np.sort(absg)[::-1]
     nnz = int(np.count_nonzero(mags))
@@ -144,14 +155,15 @@ def select(
         raise ValueError(f"CAT has no gain model for compressor {compressor!r}")
     absg = np.abs(arr)
     total = float(np.dot(arr, arr)) if compressor == "topk" else float(absg.sum())
-    want = _guess_count(absg, compressor, price, t_max)
+    sample, stride = _sample(absg)
+    want = _guess_count(sample, stride, compressor, price, t_max)
     widenings = 0
     while True:
         want = max(want, t_min)
-        if 4 * want >= d:
+        if 2 * want >= d:
             out = select_exhaustive(arr, compressor, price, t_min=t_min, t_max=t_max)
             return Selection(out.t, out.ratio, out.indices, widenings)
-        tau = _threshold(absg, want)
+        tau = _threshold(sample, stride, want)
         cand = np.flatnonzero(absg >= tau)
         if cand.size >= t_min and cand.size < d:
             mags = absg[cand]
@@ -162,34 +174,40 @@ def select(
             ratio = _gain(compressor, mags[:k_seen], ts) / price(ts)
             k = _argmax(ratio)
             best_t, best = int(ts[k]), float(ratio[k])
-            if k_seen == t_max or _beyond_bound(
-                compressor, mags, cand.size, tau, total, price, t_max
-            ) <= best:
+            if (
+                k_seen == t_max
+                or _beyond_bound(compressor, mags, cand.size, tau, total, price, t_max) <= best
+            ):
                 idx = np.sort(cand[order[:best_t]]).astype(np.int64)
                 return Selection(best_t, best, idx, widenings)
         widenings += 1
         want *= 4
 
 
-def _guess_count(absg: FloatArray, compressor: str, price: Price, t_max: int) -> int:
-    """A cheap guess of how many top entries the answer needs (from a strided sample)."""
-    d = absg.size
-    stride = max(1, d // _SAMPLE)
-    sample = np.sort(absg[::stride])[::-1]
-    ts = (np.arange(1, sample.size + 1, dtype=np.int64) * stride).clip(max=t_max)
+def _sample(absg: FloatArray) -> tuple[FloatArray, int]:
+    """A strided sample of |g|, sorted descending, and its stride (deterministic, no RNG)."""
+    stride = max(1, absg.size // _SAMPLE)
+    return np.sort(absg[::stride])[::-1], stride
+
+
+def _guess_count(sample: FloatArray, stride: int, compressor: str, price: Price, t_max: int) -> int:
+    """A cheap guess of how many top entries the answer needs, from the sample.
+
+    The sample's k-th largest stands for the (k*stride)-th of g; the estimated ratio is
+    evaluated on a geometric grid of about a hundred T, so pricing stays cheap.
+    """
+    k = np.unique(np.geomspace(1, sample.size, num=min(sample.size, 128)).astype(np.int64))
+    ts = (k * stride).clip(max=t_max)
     if compressor == "topk":
-        gain = np.cumsum(sample * sample) * stride
+        gain = np.cumsum(sample * sample)[k - 1] * stride
     else:
-        gain = (np.cumsum(sample) * stride) ** 2 / ts
-    k = int(np.argmax(gain / price(ts)))
-    return max(64, 2 * int(ts[k]) + 4 * stride)
+        gain = (np.cumsum(sample)[k - 1] * stride) ** 2 / ts
+    best = int(np.argmax(gain / price(ts)))
+    return max(64, 3 * int(ts[best]) + 8 * stride)
 
 
-def _threshold(absg: FloatArray, want: int) -> float:
-    """A magnitude such that roughly ``want`` entries are >= it (estimated from a sample)."""
-    d = absg.size
-    stride = max(1, d // (4 * _SAMPLE))
-    sample = np.sort(absg[::stride])[::-1]
+def _threshold(sample: FloatArray, stride: int, want: int) -> float:
+    """A magnitude such that roughly ``want`` entries of g are >= it."""
     pos = min(sample.size - 1, max(0, want // stride))
     return float(sample[pos])
 
@@ -233,11 +251,12 @@ def dynamic_t(g: npt.ArrayLike, *, t_max: int | None = None) -> int:
     if norm == 0.0:
         return 1
     want = 64
+    sample, stride = _sample(absg)
     while True:
         if 4 * want >= d:
             a1 = np.cumsum(np.sort(absg)[::-1])
         else:
-            tau = _threshold(absg, want)
+            tau = _threshold(sample, stride, want)
             top = np.sort(absg[absg >= tau])[::-1]
             a1 = np.cumsum(top)
             if a1.size == 0 or a1[-1] < norm:
@@ -312,9 +331,7 @@ POLICIES: dict[str, Callable[[str], Policy]] = {
 def parse_policy(spec: str) -> Policy:
     """``cat`` | ``fixed:T`` | ``dynamic`` | ``hybrid:S`` (S defaults to 200)."""
     name, _, arg = spec.partition(":")
-    factory = lookup(POLICIES, name, "policy")  # type: ignore[arg-type]
-    policy: Policy = factory(arg)  # type: ignore[operator]
-    return policy
+    return lookup(POLICIES, name, "policy")(arg)
 
 
 def select_t(
@@ -333,6 +350,13 @@ def select_t(
     """CAT's T* for gradient ``g`` on ``profile``, priced with the exact encoded size."""
     arr = np.asarray(g, dtype=np.float64)
     price = make_price(
-        profile, compressor, d=arr.size, job=job, agent=agent, round=round, seq=seq, value_dtype=value_dtype
+        profile,
+        compressor,
+        d=arr.size,
+        job=job,
+        agent=agent,
+        round=round,
+        seq=seq,
+        value_dtype=value_dtype,
     )
     return select(arr, compressor, price, t_min=t_min, t_max=t_max).t

@@ -131,6 +131,8 @@ class _Reader:
             b = self.byte(what)
             n |= (b & 0x7F) << shift
             if not b & 0x80:
+                if b == 0 and shift:
+                    raise WireFormatError(f"{what}: varint not in its shortest form")
                 break
             shift += 7
             if shift > 63:
@@ -342,7 +344,7 @@ def _decode(buf: bytes) -> tuple[UpdateHeader, Update]:
             scale = float(r.array(1, dt, "scale")[0])
             if not np.isfinite(scale) or scale < 0:
                 raise WireFormatError(f"signtopk scale must be finite and >= 0, got {scale}")
-            raw = r.array((t + 7) // 8, np.dtype(np.uint8), "sign bits")
+            raw = np.asarray(r.array((t + 7) // 8, np.dtype(np.uint8), "sign bits"), dtype=np.uint8)
             bits = np.unpackbits(raw, bitorder="little")
             if bits[t:].any():
                 raise WireFormatError("sign bits: padding bits are not zero")
@@ -352,7 +354,7 @@ def _decode(buf: bytes) -> tuple[UpdateHeader, Update]:
     r.end()
     if compressor != "signtopk" and not np.isfinite(values).all():
         raise WireFormatError("values contain nan or inf")
-    header = UpdateHeader(job, agent, rnd, seq, compressor, d, t, dtype_name, semantics)
+    header = UpdateHeader(job, agent, rnd, seq, compressor, d, t, dtype_name, semantics)  # type: ignore[arg-type]
     return header, Update(compressor, d, indices, values, scale=scale, semantics=semantics)
 
 
@@ -365,12 +367,23 @@ def encode_snapshot(x: npt.ArrayLike, *, job: str, version: int) -> bytes:
     if arr.ndim != 1 or not 0 < arr.size <= MAX_D:
         raise ValueError(f"model must be a 1-D array of 1..{MAX_D} entries, got shape {arr.shape}")
     return b"".join(
-        [_header(TYPE_SNAPSHOT, 0, _DTYPE_CODES["float64"], job), uvarint(version), uvarint(arr.size), arr.tobytes()]
+        [
+            _header(TYPE_SNAPSHOT, 0, _DTYPE_CODES["float64"], job),
+            uvarint(version),
+            uvarint(arr.size),
+            arr.tobytes(),
+        ]
     )
 
 
 def encode_delta(
-    indices: npt.ArrayLike, values: npt.ArrayLike, *, job: str, base_version: int, version: int, d: int
+    indices: npt.ArrayLike,
+    values: npt.ArrayLike,
+    *,
+    job: str,
+    base_version: int,
+    version: int,
+    d: int,
 ) -> bytes:
     """Serialise a sparse model change: the *new* values at the changed indices (sorted)."""
     idx = np.asarray(indices, dtype=np.int64)

@@ -16,7 +16,6 @@ scheme is used.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import cast
 
 from edge_agent.errors import lookup
 from edge_agent.transports import topics
@@ -62,7 +61,7 @@ def open_transport(url: str, *, role: Role, client_id: str, **options: object) -
     if role not in ROLES:
         raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
     scheme = parse_url(url).scheme
-    factory = cast(TransportFactory, lookup(dict(TRANSPORTS), scheme, "transport scheme"))
+    factory = lookup(TRANSPORTS, scheme, "transport scheme")
     return factory(url, role=role, client_id=client_id, **options)
 
 

@@ -34,7 +34,11 @@ class Peer:
         self.requests = 0
 
     def snapshot(self) -> None:
-        self.t.publish(topics.model(JOB), wire.encode_snapshot(self.x, job=JOB, version=self.version), retain=True)
+        self.t.publish(
+            topics.model(JOB),
+            wire.encode_snapshot(self.x, job=JOB, version=self.version),
+            retain=True,
+        )
 
     def pump(self, *, step: bool = True) -> None:
         while (m := self.t.recv(timeout_s=0)) is not None:
@@ -51,7 +55,14 @@ class Peer:
                     new = self.x.copy()
                     u.add_to(new, -1.0 / self.lipschitz)
                     idx = np.flatnonzero(new != self.x)
-                    blob = wire.encode_delta(idx, new[idx], job=JOB, base_version=self.version, version=self.version + 1, d=D)
+                    blob = wire.encode_delta(
+                        idx,
+                        new[idx],
+                        job=JOB,
+                        base_version=self.version,
+                        version=self.version + 1,
+                        d=D,
+                    )
                     self.x, self.version = new, self.version + 1
                     self.t.publish(topics.delta(JOB), blob)
 
@@ -100,7 +111,9 @@ def test_hello_carries_the_agents_facts(memory_url: str, peer: Peer, shard: Data
     assert peer.requests == 1  # no model yet: it asked for one
 
 
-def test_agent_keeps_a_bit_identical_model_and_loss_falls(memory_url: str, peer: Peer, shard: Dataset) -> None:
+def test_agent_keeps_a_bit_identical_model_and_loss_falls(
+    memory_url: str, peer: Peer, shard: Dataset
+) -> None:
     agent = make_agent(memory_url, shard)
     peer.lipschitz = agent.smoothness
     agent.start()
@@ -114,7 +127,9 @@ def test_agent_keeps_a_bit_identical_model_and_loss_falls(memory_url: str, peer:
     assert [h.seq for h in peer.updates] == list(range(40))
 
 
-def test_ledger_accounts_every_message_on_the_profile(memory_url: str, peer: Peer, shard: Dataset) -> None:
+def test_ledger_accounts_every_message_on_the_profile(
+    memory_url: str, peer: Peer, shard: Dataset
+) -> None:
     agent = make_agent(memory_url, shard)
     agent.start()
     peer.pump()
@@ -128,7 +143,9 @@ def test_ledger_accounts_every_message_on_the_profile(memory_url: str, peer: Pee
     assert agent.ledger.silence_s > 0  # EU868 1% duty cycle is owed even when ignored
 
 
-def test_version_gap_triggers_a_snapshot_request(memory_url: str, peer: Peer, shard: Dataset) -> None:
+def test_version_gap_triggers_a_snapshot_request(
+    memory_url: str, peer: Peer, shard: Dataset
+) -> None:
     agent = make_agent(memory_url, shard)
     agent.start()
     peer.pump()
@@ -143,7 +160,9 @@ def test_version_gap_triggers_a_snapshot_request(memory_url: str, peer: Peer, sh
     assert agent.x is not None and np.array_equal(agent.x, peer.x)
 
 
-def test_malformed_and_foreign_messages_are_counted_and_dropped(memory_url: str, peer: Peer, shard: Dataset) -> None:
+def test_malformed_and_foreign_messages_are_counted_and_dropped(
+    memory_url: str, peer: Peer, shard: Dataset
+) -> None:
     agent = make_agent(memory_url, shard)
     agent.start()
     peer.pump()
@@ -191,7 +210,9 @@ def test_max_rounds_ends_the_run(memory_url: str, peer: Peer, shard: Dataset) ->
     assert agent.rounds == 3
 
 
-def test_snapshot_of_an_answered_version_resends_the_same_update(memory_url: str, peer: Peer, shard: Dataset) -> None:
+def test_snapshot_of_an_answered_version_resends_the_same_update(
+    memory_url: str, peer: Peer, shard: Dataset
+) -> None:
     """An aggregator that restarted re-announces version v: the agent re-sends (same seq)."""
     agent = make_agent(memory_url, shard)
     agent.start()

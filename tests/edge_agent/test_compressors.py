@@ -123,9 +123,13 @@ def test_gains_match_the_descent_lemma_on_the_worst_case_quadratic(
     t = data.draw(st.integers(1, g.size))
     mags = np.sort(np.abs(g))[::-1]
     topk = ea.compress(g, "topk", t, value_dtype="float64").to_dense()
-    assert _descent(g, topk, lip) == pytest.approx(np.sum(mags[:t] ** 2) / (2 * lip), rel=1e-9, abs=1e-9)
+    assert _descent(g, topk, lip) == pytest.approx(
+        np.sum(mags[:t] ** 2) / (2 * lip), rel=1e-9, abs=1e-9
+    )
     sign = ea.compress(g, "signtopk", t, value_dtype="float64").to_dense()
-    assert _descent(g, sign, lip) == pytest.approx(mags[:t].sum() ** 2 / (2 * lip * t), rel=1e-9, abs=1e-6)
+    assert _descent(g, sign, lip) == pytest.approx(
+        mags[:t].sum() ** 2 / (2 * lip * t), rel=1e-9, abs=1e-6
+    )
 
 
 def test_top_indices_are_sorted_ascending() -> None:

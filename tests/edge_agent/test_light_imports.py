@@ -5,7 +5,16 @@ from __future__ import annotations
 import subprocess
 import sys
 
-FORBIDDEN = ("fastapi", "uvicorn", "starlette", "scipy", "sklearn", "aggregator", "matplotlib", "prometheus_client")
+FORBIDDEN = (
+    "fastapi",
+    "uvicorn",
+    "starlette",
+    "scipy",
+    "sklearn",
+    "aggregator",
+    "matplotlib",
+    "prometheus_client",
+)
 
 
 def test_agent_runtime_imports_no_service_or_scipy_modules() -> None:
@@ -17,7 +26,9 @@ def test_agent_runtime_imports_no_service_or_scipy_modules() -> None:
         f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {FORBIDDEN!r})\n"
         "print(','.join(bad))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
     assert out.stdout.strip() == ""
 
 
@@ -27,5 +38,7 @@ def test_the_check_would_catch_a_forbidden_import() -> None:
         "import aggregator\n"
         "print(any(m.split('.')[0] == 'aggregator' for m in sys.modules))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
     assert out.stdout.strip() == "True"

@@ -178,3 +178,22 @@ def test_select_t_public_api_prices_with_the_exact_size() -> None:
     t = ea.select_t(g, "topk", link, job="demo", agent="pi-01", round=3, seq=0)
     price = sel.make_price(link, "topk", d=g.size, job="demo", agent="pi-01", round=3)
     assert t == sel.select_exhaustive(g, "topk", price).t
+
+
+def test_index_code_band_finds_the_global_minimum() -> None:
+    """encoded_size prices with a band of (b, l); it must equal the minimum over all codes."""
+    from edge_agent.indexcode import index_bits, index_bits_exhaustive
+
+    for d in [*range(1, 200, 7), 1000, 4097, 47236, 10**6, 2**32 - 1]:
+        ns = sorted(
+            {
+                *range(0, min(d, 120) + 1),
+                d // 16,
+                d // 4,
+                d // 2,
+                d,
+                *np.linspace(0, d, 40).astype(int).tolist(),
+            }
+        )
+        got = index_bits(d, ns)
+        assert got.tolist() == [index_bits_exhaustive(d, n) for n in ns], d

@@ -53,7 +53,11 @@ class Peer:
         self._thread.start()
 
     def publish_snapshot(self) -> None:
-        self.t.publish(topics.model(JOB), wire.encode_snapshot(self.x, job=JOB, version=self.version), retain=True)
+        self.t.publish(
+            topics.model(JOB),
+            wire.encode_snapshot(self.x, job=JOB, version=self.version),
+            retain=True,
+        )
 
     def close(self) -> None:
         self._stop.set()
@@ -83,10 +87,21 @@ class Peer:
                         new = self.x.copy()
                         u.add_to(new, -1.0)
                         idx = np.flatnonzero(new != self.x)
-                        blob = wire.encode_delta(idx, new[idx], job=JOB, base_version=self.version, version=self.version + 1, d=D)
+                        blob = wire.encode_delta(
+                            idx,
+                            new[idx],
+                            job=JOB,
+                            base_version=self.version,
+                            version=self.version + 1,
+                            d=D,
+                        )
                         self.x, self.version = new, self.version + 1
                         self.t.publish(topics.delta(JOB), blob)
-                        self.t.publish(topics.model(JOB), wire.encode_snapshot(self.x, job=JOB, version=self.version), retain=True)
+                        self.t.publish(
+                            topics.model(JOB),
+                            wire.encode_snapshot(self.x, job=JOB, version=self.version),
+                            retain=True,
+                        )
 
     def stop_agents(self) -> None:
         self.t.publish(topics.control(JOB), messages.dump(messages.Control(cmd="stop")))
@@ -111,17 +126,37 @@ def shard_file(tmp_path: Path) -> Path:
 
 def start_agent(server: str, shard: Path, tmp_path: Path, *extra: str) -> subprocess.Popen[str]:
     cmd = [
-        sys.executable, "-m", "edge_agent.cli", "run",
-        "--server", server, "--job", JOB, "--agent-id", "pi-01",
-        "--profile", "lorawan_eu868_dr5_sf7", "--duty-cycle", "ignore",
-        "--data", str(shard), "--features", str(D), "--resend-s", "2",
-        "--save-model", str(tmp_path / "agent_model.npy"), *extra,
+        sys.executable,
+        "-m",
+        "edge_agent.cli",
+        "run",
+        "--server",
+        server,
+        "--job",
+        JOB,
+        "--agent-id",
+        "pi-01",
+        "--profile",
+        "lorawan_eu868_dr5_sf7",
+        "--duty-cycle",
+        "ignore",
+        "--data",
+        str(shard),
+        "--features",
+        str(D),
+        "--resend-s",
+        "2",
+        "--save-model",
+        str(tmp_path / "agent_model.npy"),
+        *extra,
     ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
-def finish(proc: subprocess.Popen[str], timeout_s: float = 20) -> tuple[int, dict[str, object], str]:
+def finish(
+    proc: subprocess.Popen[str], timeout_s: float = 20
+) -> tuple[int, dict[str, object], str]:
     out, err = proc.communicate(timeout=timeout_s)
     summary = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
     return proc.returncode, summary, err
@@ -156,7 +191,9 @@ def test_agent_joins_trains_and_stops_on_command(
             peer.stepping = False
             last = peer.version
         # the agent answers the last version only once it has applied its delta
-        wait_until(lambda: any(r == last for r, _ in peer.seen), 30, "the answer to the last version")
+        wait_until(
+            lambda: any(r == last for r, _ in peer.seen), 30, "the answer to the last version"
+        )
         peer.stop_agents()
         code, summary, err = finish(proc)
     finally:
@@ -173,7 +210,9 @@ def test_agent_joins_trains_and_stops_on_command(
     assert "round" in err and "airtime=" in err  # one log line per round
 
 
-def test_sigterm_stops_the_agent_cleanly(zmq_peer: tuple[str, Peer], shard_file: Path, tmp_path: Path) -> None:
+def test_sigterm_stops_the_agent_cleanly(
+    zmq_peer: tuple[str, Peer], shard_file: Path, tmp_path: Path
+) -> None:
     url, peer = zmq_peer
     proc = start_agent(url, shard_file, tmp_path)
     try:
@@ -217,13 +256,37 @@ def test_agent_survives_a_broker_restart_without_losing_an_update(
 
 def test_bad_arguments_get_a_clear_error(tmp_path: Path, shard_file: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "edge_agent.cli", "run", "--profile", "no_such_link", "--data", str(shard_file)],
-        capture_output=True, text=True, timeout=30,
+        [
+            sys.executable,
+            "-m",
+            "edge_agent.cli",
+            "run",
+            "--profile",
+            "no_such_link",
+            "--data",
+            str(shard_file),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert proc.returncode == 1
-    assert "no_such_link" in proc.stderr and "lorawan_eu868_dr5_sf7" in proc.stderr  # lists valid names
+    assert (
+        "no_such_link" in proc.stderr and "lorawan_eu868_dr5_sf7" in proc.stderr
+    )  # lists valid names
     proc = subprocess.run(
-        [sys.executable, "-m", "edge_agent.cli", "run", "--profile", "lorawan_eu868_dr5_sf7", "--data", str(tmp_path / "missing.svm")],
-        capture_output=True, text=True, timeout=30,
+        [
+            sys.executable,
+            "-m",
+            "edge_agent.cli",
+            "run",
+            "--profile",
+            "lorawan_eu868_dr5_sf7",
+            "--data",
+            str(tmp_path / "missing.svm"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert proc.returncode == 1 and "missing.svm" in proc.stderr
