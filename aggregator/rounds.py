@@ -527,7 +527,7 @@ class RoundEngine:
         out: list[Outbound] = []
         if hello.version is not None and hello.version != self.version:
             out.append(self.snapshot_message())
-        out.extend(self._state_controls())
+        out.extend(self.state_controls())
         if self.state == "waiting":
             self._maybe_start(now)
         return Effects(outbound=tuple(out), journal=True)
@@ -558,7 +558,7 @@ class RoundEngine:
             info.last_seen = max(info.last_seen, now)
             info.live = True
             info.state = "online"
-        return Effects(outbound=(self.snapshot_message(), *self._state_controls()))
+        return Effects(outbound=(self.snapshot_message(), *self.state_controls()))
 
     def _on_update(self, agent: str, blob: bytes, now: float) -> Effects:
         cfg = self.config
@@ -711,7 +711,8 @@ class RoundEngine:
             hit = self._price_cache[key] = (mc.bits, mc.packets, mc.airtime_s, mc.energy_j)
         return hit
 
-    def _state_controls(self) -> list[Outbound]:
+    def state_controls(self) -> list[Outbound]:
+        """The control message agents must see now (pause/stop), if any."""
         if self.state in ("paused", "finished"):
             cmd: Literal["pause", "stop"] = "pause" if self.state == "paused" else "stop"
             ctl = messages.Control(cmd=cmd, version=self.version, reason=self.finish_reason)
@@ -750,7 +751,7 @@ class RoundEngine:
         if not np.isfinite(x_new).all():
             self._finish("diverged: the step produced nan or inf (step size too large?)")
             self._reset_round(now)
-            return Effects(outbound=tuple(self._state_controls()), changed=True)
+            return Effects(outbound=tuple(self.state_controls()), changed=True)
         changed = np.flatnonzero(x_new != self.x)
         base = self.version
         self.x = x_new
@@ -782,7 +783,7 @@ class RoundEngine:
             self._finish(f"reached max_rounds={cfg.max_rounds}")
         elif cfg.target_loss is not None and self.loss is not None and self.loss <= cfg.target_loss:
             self._finish(f"loss {self.loss:.6g} <= target_loss {cfg.target_loss:g}")
-        out.extend(self._state_controls())
+        out.extend(self.state_controls())
         return Effects(outbound=tuple(out), committed=record)
 
     def _reset_round(self, now: float) -> None:

@@ -1,0 +1,207 @@
+"""The FastAPI app: ``uvicorn aggregator.app:app`` (settings from ``AGG_*`` at startup).
+
+:func:`create_app` builds an app; the settings are read once when the lifespan starts
+(unless passed in), so importing this module reads nothing. The lifespan starts the
+:class:`~aggregator.service.AggregatorService` and stops it on shutdown. Routes are thin:
+they read through the service and answer with the models in :mod:`aggregator.schemas`.
+
+The dashboard lives in ``aggregator/static/`` (served at ``/static``); ``GET /`` serves
+``static/index.html`` when it exists, else a minimal page linking the API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, FastAPI, HTTPException, Query, Response, status
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse, HTMLResponse
+from fastapi.staticfiles import StaticFiles
+
+from aggregator.deps import ControlAuth, MetricsDep, ServiceDep
+from aggregator.metrics import CONTENT_TYPE, AggregatorMetrics
+from aggregator.schemas import (
+    AgentOut,
+    ControlOut,
+    HealthOut,
+    HistoryOut,
+    RoundOut,
+    StatusOut,
+)
+from aggregator.service import AggregatorService
+from aggregator.settings import Settings, load_settings
+
+STATIC_DIR = Path(__file__).parent / "static"
+
+TAGS = [
+    {"name": "job", "description": "Training progress, model and communication spent."},
+    {"name": "agents", "description": "The agents that joined the job."},
+    {"name": "control", "description": "Operator commands (bearer token required)."},
+    {"name": "ops", "description": "Health and Prometheus metrics."},
+]
+
+_FALLBACK_INDEX = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>cat-edge aggregator</title></head>
+<body><h1>cat-edge aggregator</h1>
+<ul><li><a href="/status">/status</a></li><li><a href="/agents">/agents</a></li>
+<li><a href="/history">/history</a></li><li><a href="/metrics">/metrics</a></li>
+<li><a href="/docs">/docs</a> (OpenAPI)</li></ul></body></html>
+"""
+
+router = APIRouter()
+
+
+@router.get("/status", tags=["job"], summary="Job state, model version, loss and cost totals")
+def get_status(service: ServiceDep) -> StatusOut:
+    transports = service.transports()
+    return service.read(
+        lambda e: StatusOut.build(e, transports=transports, recovered_from=service.recovered_from)
+    )
+
+
+@router.get("/agents", tags=["agents"], summary="Every agent that has said hello")
+def list_agents(service: ServiceDep) -> list[AgentOut]:
+    return service.read(lambda e: [AgentOut.build(a) for a in e.agents.values()])
+
+
+@router.get(
+    "/agents/{agent_id}",
+    tags=["agents"],
+    summary="One agent",
+    responses={404: {"description": "No agent with this id has said hello"}},
+)
+def get_agent(agent_id: str, service: ServiceDep) -> AgentOut:
+    found = service.read(
+        lambda e: AgentOut.build(e.agents[agent_id]) if agent_id in e.agents else None
+    )
+    if found is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"unknown agent {agent_id!r}")
+    return found
+
+
+@router.get("/history", tags=["job"], summary="Committed rounds after version `since`")
+def get_history(
+    service: ServiceDep,
+    since: Annotated[int, Query(ge=0, description="Return versions > since.")] = 0,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> HistoryOut:
+    return HistoryOut(
+        since=since, rounds=[RoundOut.build(r) for r in service.history(since, limit)]
+    )
+
+
+@router.get(
+    "/model",
+    tags=["job"],
+    summary="The current model x as a .npy file (float64)",
+    response_class=Response,
+    responses={200: {"content": {"application/octet-stream": {}}}},
+)
+def get_model(service: ServiceDep) -> Response:
+    version, blob = service.model_npy()
+    return Response(
+        blob,
+        media_type="application/octet-stream",
+        headers={
+            "X-Model-Version": str(version),
+            "Content-Disposition": f'attachment; filename="model-v{version}.npy"',
+        },
+    )
+
+
+@router.get("/metrics", tags=["ops"], summary="Prometheus metrics", response_class=Response)
+def get_metrics(metrics: MetricsDep) -> Response:
+    return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+
+@router.get("/healthz", tags=["ops"], summary="200 while ingest runs, else 503")
+def healthz(service: ServiceDep, response: Response) -> HealthOut:
+    if service.healthy:
+        return HealthOut(status="ok")
+    response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    return HealthOut(status="unavailable", detail=service.fatal_error or "stopped")
+
+
+def _control(service: AggregatorService, cmd: Literal["pause", "resume", "stop"]) -> ControlOut:
+    try:
+        effects = service.control(cmd)
+    except (RuntimeError, TimeoutError) as exc:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(exc)) from None
+    state, version = service.read(lambda e: (e.state, e.version))
+    return ControlOut(cmd=cmd, applied=effects.changed, state=state, model_version=version)
+
+
+control_router = APIRouter(
+    prefix="/control",
+    tags=["control"],
+    dependencies=[ControlAuth],
+    responses={
+        401: {"description": "Missing or wrong bearer token"},
+        503: {"description": "No token configured (AGG_API_TOKEN), or the service is down"},
+    },
+)
+
+
+@control_router.post("/pause", summary="Pause training (agents are told to pause)")
+def pause(service: ServiceDep) -> ControlOut:
+    return _control(service, "pause")
+
+
+@control_router.post("/resume", summary="Resume a paused job")
+def resume(service: ServiceDep) -> ControlOut:
+    return _control(service, "resume")
+
+
+@control_router.post("/stop", summary="Finish the job (agents are told to stop)")
+def stop(service: ServiceDep) -> ControlOut:
+    return _control(service, "stop")
+
+
+@router.get("/", include_in_schema=False, response_model=None)
+def index() -> FileResponse | HTMLResponse:
+    page = STATIC_DIR / "index.html"
+    if page.is_file():
+        return FileResponse(page)
+    return HTMLResponse(_FALLBACK_INDEX)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the app. ``settings=None``: read them (env, config file) when the lifespan starts."""
+    metrics = AggregatorMetrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        resolved = settings if settings is not None else load_settings()
+        service = AggregatorService(resolved, observer=metrics.observe_round)
+        await run_in_threadpool(service.start)
+        metrics.bind(service.metrics_snapshot)
+        app.state.settings = resolved
+        app.state.service = service
+        try:
+            yield
+        finally:
+            metrics.bind(None)
+            app.state.service = None
+            await run_in_threadpool(service.stop)
+
+    app = FastAPI(
+        title="cat-edge aggregator",
+        summary="Communication-aware adaptive tuning (CAT): rounds, model, cost accounting.",
+        version="0.1.0",
+        openapi_tags=TAGS,
+        lifespan=lifespan,
+    )
+    app.state.metrics = metrics
+    app.state.settings = None
+    app.state.service = None
+    app.include_router(router)
+    app.include_router(control_router)
+    if STATIC_DIR.is_dir():
+        app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    return app
+
+
+app = create_app()

@@ -1,0 +1,220 @@
+"""HTTP response models (pydantic, frozen), built from the engine's state, never the state itself.
+
+Units are in the field names: ``*_s`` seconds, ``*_j`` joules, ``bytes`` application bytes
+of encoded updates, ``bits``/``packets`` as priced by each agent's cost profile.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from aggregator.rounds import AgentInfo, RoundEngine, RoundRecord, Spend
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class CostTotals(_Out):
+    """Communication of accepted updates (``updates`` messages), priced per agent profile."""
+
+    updates: int
+    bytes: int = Field(description="Encoded update bytes received.")
+    bits: float
+    packets: int
+    airtime_s: float
+    energy_j: float
+
+    @classmethod
+    def actual(cls, s: Spend) -> CostTotals:
+        return cls(
+            updates=s.updates,
+            bytes=s.bytes,
+            bits=s.bits,
+            packets=s.packets,
+            airtime_s=s.airtime_s,
+            energy_j=s.energy_j,
+        )
+
+    @classmethod
+    def dense(cls, s: Spend) -> CostTotals:
+        return cls(
+            updates=s.updates,
+            bytes=s.dense_bytes,
+            bits=s.dense_bits,
+            packets=s.dense_packets,
+            airtime_s=s.dense_airtime_s,
+            energy_j=s.dense_energy_j,
+        )
+
+
+class TransportOut(_Out):
+    url: str = Field(description="Transport URL (password redacted).")
+    connected: bool
+
+
+class StatusOut(_Out):
+    """The job at a glance."""
+
+    job: str
+    state: Literal["waiting", "running", "paused", "finished"]
+    finish_reason: str
+    mode: Literal["sync", "async"]
+    round: int = Field(description="The open round: updates computed at this version are due.")
+    model_version: int
+    loss: float | None
+    accuracy: float | None
+    gamma: float = Field(description="Step size used by the next step.")
+    agents: int = Field(description="Agents that have said hello.")
+    live_agents: int
+    quorum: int = Field(description="Reports that close a sync round after its deadline.")
+    open_round_participants: list[str]
+    updates_accepted: int
+    updates_rejected: dict[str, int] = Field(description="Rejections by reason (non-zero only).")
+    totals: CostTotals
+    dense_equivalent: CostTotals = Field(
+        description="What dense float32 updates with the same headers would have cost."
+    )
+    transports: list[TransportOut]
+    recovered_from: str
+
+    @classmethod
+    def build(
+        cls, e: RoundEngine, *, transports: list[tuple[str, bool]], recovered_from: str
+    ) -> StatusOut:
+        return cls(
+            job=e.config.job,
+            state=e.state,
+            finish_reason=e.finish_reason,
+            mode=e.config.mode,
+            round=e.version,
+            model_version=e.version,
+            loss=e.loss,
+            accuracy=e.accuracy,
+            gamma=e.gamma(),
+            agents=len(e.agents),
+            live_agents=e.live_agents,
+            quorum=e.quorum(),
+            open_round_participants=list(e.open_round["participants"]),
+            updates_accepted=e.accepted,
+            updates_rejected={k: v for k, v in e.rejected.items() if v},
+            totals=CostTotals.actual(e.totals),
+            dense_equivalent=CostTotals.dense(e.totals),
+            transports=[TransportOut(url=u, connected=c) for u, c in transports],
+            recovered_from=recovered_from,
+        )
+
+
+class AgentOut(_Out):
+    """One agent as the aggregator sees it."""
+
+    agent: str
+    live: bool
+    state: str = Field(description="online | offline | done | lost (silent past the timeout)")
+    first_seen: float = Field(description="Unix time, seconds.")
+    last_seen: float = Field(description="Unix time, seconds.")
+    joined_version: int
+    rows: int
+    smoothness: float
+    compressor: str
+    semantics: str
+    policy: str
+    profile: str
+    objective: str
+    updates_accepted: int
+    messages_rejected: int
+    last_round: int | None
+    last_t: int | None
+    totals: CostTotals
+    dense_equivalent: CostTotals
+
+    @classmethod
+    def build(cls, a: AgentInfo) -> AgentOut:
+        h = a.hello
+        return cls(
+            agent=a.agent,
+            live=a.live,
+            state=a.state,
+            first_seen=a.first_seen,
+            last_seen=a.last_seen,
+            joined_version=a.joined_version,
+            rows=h.rows,
+            smoothness=h.smoothness,
+            compressor=h.compressor,
+            semantics=h.semantics,
+            policy=h.policy,
+            profile=h.profile,
+            objective=h.objective,
+            updates_accepted=a.accepted,
+            messages_rejected=a.rejected,
+            last_round=a.last_round,
+            last_t=a.last_t,
+            totals=CostTotals.actual(a.spend),
+            dense_equivalent=CostTotals.dense(a.spend),
+        )
+
+
+class AgentRoundOut(_Out):
+    t: int = Field(description="Entries sent (sum over the agent's updates this round).")
+    bytes: int
+    updates: int
+
+
+class RoundOut(_Out):
+    """One committed model version."""
+
+    version: int
+    base_version: int
+    opened_at: float
+    closed_at: float
+    latency_s: float
+    reason: str = Field(description="all_reported | deadline | async")
+    gamma: float
+    participants: list[str]
+    agents: dict[str, AgentRoundOut]
+    totals: CostTotals
+    dense_equivalent: CostTotals
+    loss: float | None
+    accuracy: float | None
+
+    @classmethod
+    def build(cls, r: RoundRecord) -> RoundOut:
+        return cls(
+            version=r.version,
+            base_version=r.base_version,
+            opened_at=r.opened_at,
+            closed_at=r.closed_at,
+            latency_s=r.latency_s,
+            reason=r.reason,
+            gamma=r.gamma,
+            participants=list(r.participants),
+            agents={
+                a: AgentRoundOut(t=v["t"], bytes=v["bytes"], updates=v["updates"])
+                for a, v in r.agents.items()
+            },
+            totals=CostTotals.actual(r.spend),
+            dense_equivalent=CostTotals.dense(r.spend),
+            loss=r.loss,
+            accuracy=r.accuracy,
+        )
+
+
+class HistoryOut(_Out):
+    since: int
+    rounds: list[RoundOut]
+
+
+class HealthOut(_Out):
+    status: Literal["ok", "unavailable"]
+    detail: str = ""
+
+
+class ControlOut(_Out):
+    cmd: Literal["pause", "resume", "stop"]
+    applied: bool = Field(
+        description="False when the command changed nothing (e.g. resume while running)."
+    )
+    state: Literal["waiting", "running", "paused", "finished"]
+    model_version: int

@@ -1,0 +1,365 @@
+"""The aggregator service: transports <-> RoundEngine <-> Store, on one ingest thread.
+
+Threads:
+
+* one *receiver* per transport moves inbound messages into a shared queue;
+* one *ingest* thread is the only writer of engine state. Per batch (everything queued, up
+  to ``MAX_BATCH`` messages) it, in this order:
+
+  1. applies each message / operator command to the engine (under the read lock) and
+     ticks it (deadlines, liveness);
+  2. appends every state-changing input to the journal (one SQLite transaction);
+  3. if a new model version was committed (or a command changed state): writes the
+     checkpoint and the history rows;
+  4. only then publishes the outbound messages to *every* transport.
+
+  So a version is durable before any agent can see it, and after a crash the journal
+  replays exactly what was applied (:func:`aggregator.store.recover`).
+
+The HTTP API reads through :meth:`AggregatorService.read` (a lock held only to copy what it
+needs) and sends control commands through the ingest queue, so the journal order is the
+order in which the engine saw its inputs.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+import numpy as np
+
+from aggregator.rounds import (
+    AgentInfo,
+    Effects,
+    Evaluator,
+    FloatArray,
+    Outbound,
+    RoundEngine,
+    RoundRecord,
+)
+from aggregator.settings import Settings, SettingsError
+from aggregator.store import JournalEntry, Store, recover
+from edge_agent.errors import CatEdgeError
+from edge_agent.profiles import CostProfile, resolve_profile
+from edge_agent.transports import Message, Transport, open_transport, topics
+
+log = logging.getLogger("aggregator.service")
+
+ControlCmd = Literal["pause", "resume", "stop"]
+T = TypeVar("T")
+
+#: Most inbound messages applied before their journal rows are written and outbound sent.
+MAX_BATCH = 512
+
+
+@dataclass(frozen=True)
+class _Command:
+    cmd: ControlCmd
+    future: Future[Effects]
+
+
+class _Stop:
+    pass
+
+
+_STOP = _Stop()
+
+
+def build_evaluator(settings: Settings) -> Evaluator | None:
+    """``x -> (loss, accuracy)`` on ``settings.eval_data``, or None when unset."""
+    if settings.eval_data is None:
+        return None
+    from edge_agent.data import load_dataset
+    from edge_agent.models import make_model
+
+    n_features = settings.d // settings.n_classes if settings.model == "softmax" else settings.d
+    try:
+        model = make_model(
+            settings.model, n_features=n_features, n_classes=settings.n_classes, l2=settings.l2
+        )
+        data = load_dataset(settings.eval_data, n_features=n_features)
+    except CatEdgeError as exc:
+        raise SettingsError(f"AGG_EVAL_DATA: {exc}") from None
+    if model.d != settings.d:
+        raise SettingsError(
+            f"AGG_D={settings.d} does not fit model {settings.model} with {n_features} features "
+            f"(d={model.d}); fix AGG_D or AGG_N_CLASSES"
+        )
+
+    def evaluate(x: FloatArray) -> tuple[float, float | None]:
+        return model.loss(x, data), model.accuracy(x, data)
+
+    return evaluate
+
+
+def _profile_lookup(name: str) -> CostProfile | None:
+    try:
+        return resolve_profile(name)
+    except CatEdgeError:
+        return None
+
+
+class AggregatorService:
+    """Runs one job. ``start()`` recovers state, connects, and starts the threads.
+
+    ``observer(record)`` is called on the ingest thread after each committed version is
+    persisted and published (the metrics hook). ``clock`` gives seconds that survive
+    restarts (wall time): deadlines and liveness are measured with it.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        observer: Callable[[RoundRecord], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self._observer = observer
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._inbox: queue.SimpleQueue[Message | _Command | _Stop] = queue.SimpleQueue()
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._transports: list[Transport] = []
+        self._engine: RoundEngine | None = None
+        self._store: Store | None = None
+        self._fatal: BaseException | None = None
+        self.started_at: float | None = None
+        self.recovered_from = ""
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Recover, connect every transport, re-broadcast the model, start the threads."""
+        s = self.settings
+        cfg = s.engine_config()
+        self._store = Store(s.data_dir)
+        recovery = recover(self._store, cfg, evaluator=build_evaluator(s), profiles=_profile_lookup)
+        self._engine = recovery.engine
+        self.recovered_from = recovery.source
+        try:
+            for url in s.transports:
+                t = open_transport(
+                    url,
+                    role="aggregator",
+                    client_id=s.transport_client_id,
+                    **s.transport_options(url),
+                )
+                self._transports.append(t)
+                t.connect()
+                for pattern in topics.agent_inbound(s.job):
+                    t.subscribe(pattern)
+        except BaseException:
+            self._close_transports()
+            self._store.close()
+            raise
+        # The retained snapshot tells (re)connecting agents where we are; agents that
+        # already answered this version re-send their update (de-duplicated here).
+        self._publish([self._engine.snapshot_message(), *self._engine.state_controls()])
+        self.started_at = self._clock()
+        for t in self._transports:
+            th = threading.Thread(
+                target=self._receive, args=(t,), name=f"recv {t.url}", daemon=True
+            )
+            self._threads.append(th)
+        self._threads.append(threading.Thread(target=self._ingest, name="ingest", daemon=True))
+        for th in self._threads:
+            th.start()
+        log.info(
+            "aggregator for job %s serving %s at version %d (%s)",
+            s.job,
+            ", ".join(t.url for t in self._transports),
+            self._engine.version,
+            recovery.source,
+        )
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the threads, close the transports and the store (idempotent)."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        self._inbox.put(_STOP)
+        self._close_transports()  # wakes the receivers
+        for th in self._threads:
+            th.join(timeout_s)
+        self._threads.clear()
+        if self._store is not None:
+            self._store.close()
+
+    def _close_transports(self) -> None:
+        for t in self._transports:
+            try:
+                t.close()
+            except Exception:
+                log.exception("closing %s", t.url)
+
+    @property
+    def healthy(self) -> bool:
+        return (
+            self._engine is not None
+            and self._fatal is None
+            and not self._stopping.is_set()
+            and all(th.is_alive() for th in self._threads)
+        )
+
+    @property
+    def fatal_error(self) -> str | None:
+        return None if self._fatal is None else f"{type(self._fatal).__name__}: {self._fatal}"
+
+    def transports(self) -> list[tuple[str, bool]]:
+        """(redacted URL, connected) per transport."""
+        return [(t.url, t.connected) for t in self._transports]
+
+    # ------------------------------------------------------------------ API side
+
+    def read(self, fn: Callable[[RoundEngine], T]) -> T:
+        """Run ``fn(engine)`` under the engine lock; ``fn`` must copy what it keeps."""
+        with self._lock:
+            if self._engine is None:
+                raise RuntimeError("the aggregator service is not started")
+            return fn(self._engine)
+
+    def model_npy(self) -> tuple[int, bytes]:
+        """(version, the model x as .npy bytes)."""
+        version, x = self.read(lambda e: (e.version, e.x.copy()))
+        buf = io.BytesIO()
+        np.save(buf, x, allow_pickle=False)
+        return version, buf.getvalue()
+
+    def history(self, since: int = 0, limit: int = 1000) -> list[RoundRecord]:
+        if self._store is None:
+            raise RuntimeError("the aggregator service is not started")
+        return self._store.history(since, limit)
+
+    def control(self, cmd: ControlCmd, timeout_s: float = 10.0) -> Effects:
+        """Apply an operator command on the ingest thread; wait until it is persisted."""
+        if not self.healthy:
+            raise RuntimeError(self.fatal_error or "the aggregator service is not running")
+        fut: Future[Effects] = Future()
+        self._inbox.put(_Command(cmd, fut))
+        return fut.result(timeout=timeout_s)
+
+    # ------------------------------------------------------------------ threads
+
+    def _receive(self, transport: Transport) -> None:
+        while not self._stopping.is_set():
+            try:
+                msg = transport.recv(timeout_s=0.5)
+            except Exception:
+                log.exception("receiving from %s", transport.url)
+                continue
+            if msg is not None:
+                self._inbox.put(msg)
+
+    def _ingest(self) -> None:
+        tick_s = self.settings.tick_s
+        try:
+            while not self._stopping.is_set():
+                batch: list[Message | _Command] = []
+                try:
+                    item = self._inbox.get(timeout=tick_s)
+                except queue.Empty:
+                    item = None
+                while item is not None:
+                    if isinstance(item, _Stop):
+                        self._stopping.set()
+                        break
+                    batch.append(item)
+                    if len(batch) >= MAX_BATCH:
+                        break
+                    try:
+                        item = self._inbox.get_nowait()
+                    except queue.Empty:
+                        item = None
+                self._process(batch)
+        except BaseException as exc:  # persistence failed: never publish what is not durable
+            self._fatal = exc
+            log.exception("ingest stopped: the aggregator can no longer persist its state")
+
+    def _process(self, batch: list[Message | _Command]) -> None:
+        assert self._engine is not None and self._store is not None
+        eng = self._engine
+        entries: list[JournalEntry] = []
+        outbound: list[Outbound] = []
+        records: list[RoundRecord] = []
+        done: list[tuple[Future[Effects], Effects]] = []
+        checkpoint = False
+        with self._lock:
+            for item in batch:
+                now = self._clock()
+                if isinstance(item, _Command):
+                    eff = eng.control(item.cmd, now)
+                    if eff.changed:
+                        entries.append(JournalEntry("control", now, item.cmd))
+                    done.append((item.future, eff))
+                else:
+                    eff = eng.handle(item.topic, item.payload, now)
+                    if eff.journal:
+                        entries.append(JournalEntry("msg", now, item.topic, item.payload))
+                outbound.extend(eff.outbound)
+                checkpoint = checkpoint or eff.changed
+                if eff.committed is not None:
+                    records.append(eff.committed)
+            now = self._clock()
+            eff = eng.tick(now)
+            if eff.journal:
+                entries.append(JournalEntry("tick", now))
+            outbound.extend(eff.outbound)
+            if eff.committed is not None:
+                records.append(eff.committed)
+            checkpoint = checkpoint or eff.changed or bool(records)
+            snap = eng.export() if checkpoint else None
+            agents = [AgentInfo.from_dict(a.to_dict()) for a in eng.agents.values()] if snap else []
+            rejected = dict(eng.rejected)
+        hwm = self._store.append_journal(entries)
+        if snap is not None:
+            self._store.write_checkpoint(snap, hwm)
+            self._store.record_rounds(records, agents=agents, rejected=rejected)
+        self._publish(outbound)
+        for fut, result in done:
+            fut.set_result(result)
+        if self._observer is not None:
+            for rec in records:
+                try:
+                    self._observer(rec)
+                except Exception:
+                    log.exception("round observer failed")
+
+    def _publish(self, outbound: list[Outbound]) -> None:
+        for out in outbound:
+            for t in self._transports:
+                try:
+                    t.publish(out.topic, out.payload, retain=out.retain)
+                except CatEdgeError as exc:
+                    log.warning("publish to %s on %s failed: %s", out.topic, t.url, exc)
+
+    # ------------------------------------------------------------------ metrics
+
+    def metrics_snapshot(self) -> dict[str, Any]:
+        """Counters and gauges for /metrics (a copy)."""
+
+        def grab(e: RoundEngine) -> dict[str, Any]:
+            return {
+                "rounds": e.rounds,
+                "version": e.version,
+                "accepted": e.accepted,
+                "rejected": dict(e.rejected),
+                "totals": e.totals.to_dict(),
+                "agents": len(e.agents),
+                "live_agents": e.live_agents,
+                "loss": e.loss,
+                "accuracy": e.accuracy,
+                "state": e.state,
+            }
+
+        out = self.read(grab)
+        out["healthy"] = self.healthy
+        return out

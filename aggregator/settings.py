@@ -1,0 +1,285 @@
+"""Aggregator settings: environment variables ``AGG_*``, an optional config file, CLI flags.
+
+Precedence (highest first): explicit values (``aggregator serve`` flags, or keyword
+arguments in code), environment variables ``AGG_<FIELD>``, the file named by
+``AGG_CONFIG_FILE`` (a ``.json`` object keyed by field name, or a ``.env`` file of
+``AGG_<FIELD>=value`` lines), defaults.
+
+Settings are read *once* by :func:`load_settings` (the app's lifespan or the CLI) and
+passed down; nothing reads the environment at import time. Errors name the environment
+variable and the fix.
+
+List values (``AGG_TRANSPORTS``) are comma-separated in the environment:
+``AGG_TRANSPORTS=zmq+tcp://0.0.0.0:5555,mqtt://127.0.0.1:1883`` runs ZeroMQ and MQTT at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from dotenv import dotenv_values
+from pydantic import (
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from aggregator.rounds import EngineConfig
+from edge_agent.errors import CatEdgeError
+from edge_agent.transports import parse_url, topics
+
+ENV_PREFIX = "AGG_"
+CONFIG_FILE_ENV = "AGG_CONFIG_FILE"
+MQTT_SCHEMES = ("mqtt", "mqtts")
+
+
+class SettingsError(CatEdgeError, ValueError):
+    """Invalid configuration; the message names the environment variable(s) to fix."""
+
+
+def env_name(field: str) -> str:
+    """``round_deadline_s`` -> ``AGG_ROUND_DEADLINE_S``."""
+    return f"{ENV_PREFIX}{field.upper()}"
+
+
+class Settings(BaseSettings):
+    """Everything the aggregator service is configured with (env ``AGG_<FIELD>``)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        frozen=True,
+        extra="forbid",
+        case_sensitive=False,
+        validate_default=True,
+    )
+
+    config_file: Path | None = Field(
+        None, description="JSON or .env file with more settings (env and flags win)."
+    )
+    # --- the job
+    job: str = Field("cat", description="Job id: topics live under cat/<job>/.")
+    model: Literal["logreg", "lsq", "softmax"] = Field("logreg", description="Model kind.")
+    d: int = Field(gt=0, description="Number of model parameters (required).")
+    n_classes: int = Field(2, ge=2, description="Classes (softmax only).")
+    l2: float = Field(1e-3, ge=0, description="l2 regularisation of the evaluation model.")
+    step_size: float | None = Field(
+        None, gt=0, description="Step gamma; unset: 1/L from the agents' hellos."
+    )
+    # --- rounds
+    mode: Literal["sync", "async"] = "sync"
+    max_rounds: int | None = Field(None, ge=1, description="Stop at this model version.")
+    target_loss: float | None = Field(None, description="Stop when the eval loss <= this.")
+    quorum_min_agents: int = Field(1, ge=1)
+    quorum_fraction: float = Field(0.5, ge=0.0, le=1.0)
+    min_agents: int = Field(1, ge=1, description="Hellos needed before round 0 may close.")
+    round_deadline_s: float = Field(30.0, gt=0, description="Seconds before quorum suffices.")
+    async_apply_every: int = Field(1, ge=1, description="Async: step every K updates.")
+    max_staleness: int = Field(4, ge=0, description="Async: oldest accepted version lag.")
+    dedupe_window: int = Field(1024, ge=1, description="Versions (agent, round, seq) are kept.")
+    liveness_timeout_s: float = Field(60.0, gt=0, description="Silent agents count as dead.")
+    tick_s: float = Field(0.1, gt=0, le=5.0, description="Deadline/liveness check period.")
+    # --- I/O
+    transports: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["zmq+tcp://127.0.0.1:5555"],
+        description="Comma-separated transport URLs, all served at once.",
+    )
+    client_id: str | None = Field(
+        None, description="Transport client id (default aggregator-<job>)."
+    )
+    data_dir: Path = Field(Path("aggregator-data"), description="SQLite history + checkpoints.")
+    eval_data: Path | None = Field(None, description="Dataset file for loss/accuracy.")
+    # --- HTTP
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    api_token: SecretStr | None = Field(None, description="Bearer token for /control/*.")
+    api_token_file: Path | None = Field(None, description="File holding the bearer token.")
+    # --- MQTT options forwarded to mqtt:// and mqtts:// transports
+    mqtt_username: str | None = None
+    mqtt_password_file: Path | None = None
+    mqtt_ca_file: Path | None = None
+    mqtt_cert_file: Path | None = None
+    mqtt_key_file: Path | None = None
+    mqtt_tls_insecure: bool = False
+
+    _token: str | None = PrivateAttr(default=None)
+
+    @field_validator("transports", mode="before")
+    @classmethod
+    def _split_urls(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("transports")
+    @classmethod
+    def _check_urls(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("at least one transport URL is needed, e.g. zmq+tcp://0.0.0.0:5555")
+        for url in value:
+            try:
+                parse_url(url)
+            except CatEdgeError as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
+    @field_validator("job")
+    @classmethod
+    def _check_job(cls, value: str) -> str:
+        return topics.validate_id(value, "job id")
+
+    @model_validator(mode="after")
+    def _resolve(self) -> Settings:
+        if self.api_token is not None and self.api_token_file is not None:
+            raise ValueError("set only one of AGG_API_TOKEN and AGG_API_TOKEN_FILE")
+        if self.mode == "async" and self.dedupe_window < self.max_staleness:
+            raise ValueError("AGG_DEDUPE_WINDOW must be >= AGG_MAX_STALENESS")
+        token: str | None = None
+        if self.api_token is not None:
+            token = self.api_token.get_secret_value()
+        elif self.api_token_file is not None:
+            try:
+                token = self.api_token_file.read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                raise ValueError(
+                    f"AGG_API_TOKEN_FILE: cannot read {self.api_token_file}: {exc.strerror}"
+                ) from None
+        if token is not None and len(token) < 16:
+            raise ValueError("the API token must be at least 16 characters (AGG_API_TOKEN)")
+        self._token = token
+        return self
+
+    # ------------------------------------------------------------------ derived views
+
+    @property
+    def token(self) -> str | None:
+        """The control API bearer token (None: control endpoints answer 503)."""
+        return self._token
+
+    @property
+    def transport_client_id(self) -> str:
+        return self.client_id or f"aggregator-{self.job}"
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(
+            job=self.job,
+            d=self.d,
+            model=self.model,
+            mode=self.mode,
+            step_size=self.step_size,
+            max_rounds=self.max_rounds,
+            target_loss=self.target_loss,
+            quorum_min_agents=self.quorum_min_agents,
+            quorum_fraction=self.quorum_fraction,
+            min_agents=self.min_agents,
+            round_deadline_s=self.round_deadline_s,
+            async_apply_every=self.async_apply_every,
+            max_staleness=self.max_staleness,
+            liveness_timeout_s=self.liveness_timeout_s,
+            dedupe_window=max(self.dedupe_window, self.max_staleness),
+        )
+
+    def transport_options(self, url: str) -> dict[str, object]:
+        """Keyword options for ``open_transport(url, ...)``: MQTT credentials/TLS for MQTT URLs."""
+        if parse_url(url).scheme not in MQTT_SCHEMES:
+            return {}
+        options: dict[str, object] = {}
+        if self.mqtt_username is not None:
+            options["username"] = self.mqtt_username
+        for name in ("password_file", "ca_file", "cert_file", "key_file"):
+            value = getattr(self, f"mqtt_{name}")
+            if value is not None:
+                options[name] = str(value)
+        if self.mqtt_tls_insecure:
+            options["tls_insecure"] = True
+        return options
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, ConfigFileSource(settings_cls))
+
+
+class ConfigFileSource(PydanticBaseSettingsSource):
+    """Values from the file named by ``AGG_CONFIG_FILE`` (JSON object or .env lines)."""
+
+    def __init__(self, settings_cls: type[BaseSettings]) -> None:
+        super().__init__(settings_cls)
+        self._values = self._read(os.environ.get(CONFIG_FILE_ENV))
+
+    @staticmethod
+    def _read(name: str | None) -> dict[str, Any]:
+        if not name:
+            return {}
+        path = Path(name)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise SettingsError(f"{CONFIG_FILE_ENV}: cannot read {path}: {exc.strerror}") from None
+        raw: Mapping[str, Any]
+        if path.suffix.lower() == ".json":
+            try:
+                loaded = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise SettingsError(f"{CONFIG_FILE_ENV}: {path} is not valid JSON: {exc}") from None
+            if not isinstance(loaded, dict):
+                raise SettingsError(f"{CONFIG_FILE_ENV}: {path} must hold a JSON object")
+            raw = loaded
+        else:
+            raw = {k: v for k, v in dotenv_values(path).items() if v is not None}
+        fields = Settings.model_fields
+        out: dict[str, Any] = {}
+        for key, value in raw.items():
+            name = key.lower()
+            if name.startswith(ENV_PREFIX.lower()):
+                name = name[len(ENV_PREFIX) :]
+            if name not in fields or name == "config_file":
+                valid = ", ".join(sorted(fields))
+                raise SettingsError(f"{path}: unknown setting {key!r}; valid names: {valid}")
+            out[name] = value
+        return out
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self._values.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._values)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Read the settings once (env, config file, ``overrides``); SettingsError on bad values."""
+    values = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return Settings(**values)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            loc = err.get("loc") or ()
+            field = str(loc[0]) if loc else ""
+            where = env_name(field) if field else "settings"
+            given = err.get("input")
+            shown = "" if isinstance(given, dict) or field == "api_token" else f" (got {given!r})"
+            msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+            if err.get("type") == "missing":
+                msg = "is required"
+            problems.append(f"{where}: {msg}{shown}")
+        raise SettingsError("invalid aggregator settings: " + "; ".join(problems)) from None
