@@ -32,7 +32,11 @@ closes only after ``min_agents`` agents have said hello (its deadline starts the
 ``async``: updates up to ``max_staleness`` versions old are accepted; each is weighted by
 ``1 / (1 + staleness)`` (staleness = current version - the version it was computed at), and
 every ``async_apply_every`` (K) accepted updates the model steps with
-``x <- x - gamma * (1/K) * sum_j w_j u_j`` (EF21: ``x <- x - gamma * sum_h / n``).
+``x <- x - gamma * (1/K) * sum_j w_j u_j``. EF21 in async mode steps with
+``x <- x - gamma * min(1, K/n) * sum_h / n``: only K of the n states were refreshed since
+the last step, and without the ``K/n`` factor a step every K < n updates re-applies the
+stale states n/K times per refresh (it diverges at gamma = 1/L); with K = n it is the sync
+step.
 
 Every new version produces a delta (the changed indices and their *new* values, so an
 agent's copy stays bit-identical) on ``cat/<job>/delta`` and a retained snapshot on
@@ -183,8 +187,18 @@ class Spend:
     dense_energy_j: float = 0.0
 
     def add(self, other: Spend) -> None:
-        for name in self.__dataclass_fields__:
-            setattr(self, name, getattr(self, name) + getattr(other, name))
+        # spelled out: this runs three times per accepted update
+        self.updates += other.updates
+        self.bytes += other.bytes
+        self.bits += other.bits
+        self.packets += other.packets
+        self.airtime_s += other.airtime_s
+        self.energy_j += other.energy_j
+        self.dense_bytes += other.dense_bytes
+        self.dense_bits += other.dense_bits
+        self.dense_packets += other.dense_packets
+        self.dense_airtime_s += other.dense_airtime_s
+        self.dense_energy_j += other.dense_energy_j
 
     def to_dict(self) -> dict[str, float | int]:
         return asdict(self)
@@ -363,6 +377,7 @@ class RoundEngine:
         self._profiles = profiles
         self._profile_cache: dict[str, CostProfile | None] = {}
         self._price_cache: dict[tuple[str, int], tuple[float, int, float, float]] = {}
+        self._dense_cache: dict[tuple[str, int, int], int] = {}
         self._logged: set[str] = set()
         self._evaluate()
 
@@ -666,18 +681,24 @@ class RoundEngine:
         self._seen.pop(agent, None)
 
     def _price(self, info: AgentInfo, header: wire.UpdateHeader, size: int) -> Spend:
-        dense_size = int(
-            wire.encoded_size(
-                "dense",
-                d=header.d,
-                t=header.d,
-                job=header.job,
-                agent=header.agent,
-                round=header.round,
-                seq=header.seq,
-                value_dtype="float32",
+        # The dense size depends on round and seq only through their varint lengths.
+        key = (header.agent, len(wire.uvarint(header.round)), len(wire.uvarint(header.seq)))
+        dense_size = self._dense_cache.get(key)
+        if dense_size is None:
+            if len(self._dense_cache) > 65536:
+                self._dense_cache.clear()
+            dense_size = self._dense_cache[key] = int(
+                wire.encoded_size(
+                    "dense",
+                    d=header.d,
+                    t=header.d,
+                    job=header.job,
+                    agent=header.agent,
+                    round=header.round,
+                    seq=header.seq,
+                    value_dtype="float32",
+                )
             )
-        )
         spend = Spend(updates=1, bytes=size, dense_bytes=dense_size)
         profile = self._profile(info.hello.profile)
         if profile is not None:
@@ -745,7 +766,11 @@ class RoundEngine:
         gamma = self.gamma()
         if self.family == "ef21":
             assert self.sum_h is not None
-            x_new = self.x - (gamma / len(self.agents)) * self.sum_h
+            n = len(self.agents)
+            # async: only `count` of the n states are fresh; a full step per K updates
+            # would re-apply stale states n/K times per refresh of all agents
+            scale = 1.0 if cfg.mode == "sync" else min(1.0, self._count / n)
+            x_new = self.x - (gamma * scale / n) * self.sum_h
         else:
             x_new = self.x - (gamma / self._count) * self._acc
         if not np.isfinite(x_new).all():

@@ -9,8 +9,9 @@ Threads:
   1. applies each message / operator command to the engine (under the read lock) and
      ticks it (deadlines, liveness);
   2. appends every state-changing input to the journal (one SQLite transaction);
-  3. if a new model version was committed (or a command changed state): writes the
-     checkpoint and the history rows;
+  3. if a new model version was committed: writes the checkpoint (every
+     ``checkpoint_every`` versions; default 1, i.e. every version; a control command
+     always checkpoints) and the history rows;
   4. only then publishes the outbound messages to *every* transport.
 
   So a version is durable before any agent can see it, and after a crash the journal
@@ -132,6 +133,9 @@ class AggregatorService:
         self._engine: RoundEngine | None = None
         self._store: Store | None = None
         self._fatal: BaseException | None = None
+        self._publish_failures = 0
+        self._stop_requested = False
+        self._uncheckpointed = 0  # committed versions not yet in a checkpoint file
         self.started_at: float | None = None
         self.recovered_from = ""
 
@@ -183,11 +187,17 @@ class AggregatorService:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop the threads, close the transports and the store (idempotent)."""
-        if self._stopping.is_set():
+        if self._stop_requested:
             return
-        self._stopping.set()
+        self._stop_requested = True
+        # The ingest thread finishes what is queued before _STOP (persist, then publish)
+        # while the transports are still open; then the receivers are woken by close().
         self._inbox.put(_STOP)
-        self._close_transports()  # wakes the receivers
+        for th in self._threads:
+            if th.name == "ingest":
+                th.join(timeout_s)
+        self._stopping.set()
+        self._close_transports()
         for th in self._threads:
             th.join(timeout_s)
         self._threads.clear()
@@ -206,7 +216,7 @@ class AggregatorService:
         return (
             self._engine is not None
             and self._fatal is None
-            and not self._stopping.is_set()
+            and not self._stop_requested
             and all(th.is_alive() for th in self._threads)
         )
 
@@ -262,7 +272,8 @@ class AggregatorService:
     def _ingest(self) -> None:
         tick_s = self.settings.tick_s
         try:
-            while not self._stopping.is_set():
+            stop = False
+            while not stop:
                 batch: list[Message | _Command] = []
                 try:
                     item = self._inbox.get(timeout=tick_s)
@@ -270,7 +281,7 @@ class AggregatorService:
                     item = None
                 while item is not None:
                     if isinstance(item, _Stop):
-                        self._stopping.set()
+                        stop = True
                         break
                     batch.append(item)
                     if len(batch) >= MAX_BATCH:
@@ -315,13 +326,20 @@ class AggregatorService:
             outbound.extend(eff.outbound)
             if eff.committed is not None:
                 records.append(eff.committed)
-            checkpoint = checkpoint or eff.changed or bool(records)
+            self._uncheckpointed += len(records)
+            checkpoint = (
+                checkpoint or eff.changed or self._uncheckpointed >= self.settings.checkpoint_every
+            )
             snap = eng.export() if checkpoint else None
-            agents = [AgentInfo.from_dict(a.to_dict()) for a in eng.agents.values()] if snap else []
+            agents = (
+                [AgentInfo.from_dict(a.to_dict()) for a in eng.agents.values()] if records else []
+            )
             rejected = dict(eng.rejected)
         hwm = self._store.append_journal(entries)
         if snap is not None:
             self._store.write_checkpoint(snap, hwm)
+            self._uncheckpointed = 0
+        if records:
             self._store.record_rounds(records, agents=agents, rejected=rejected)
         self._publish(outbound)
         for fut, result in done:
@@ -339,7 +357,15 @@ class AggregatorService:
                 try:
                     t.publish(out.topic, out.payload, retain=out.retain)
                 except CatEdgeError as exc:
-                    log.warning("publish to %s on %s failed: %s", out.topic, t.url, exc)
+                    self._publish_failures += 1
+                    if self._publish_failures == 1 or self._publish_failures % 1000 == 0:
+                        log.warning(
+                            "publish to %s on %s failed (%d failures so far): %s",
+                            out.topic,
+                            t.url,
+                            self._publish_failures,
+                            exc,
+                        )
 
     # ------------------------------------------------------------------ metrics
 

@@ -92,6 +92,9 @@ class Settings(BaseSettings):
     dedupe_window: int = Field(1024, ge=1, description="Versions (agent, round, seq) are kept.")
     liveness_timeout_s: float = Field(60.0, gt=0, description="Silent agents count as dead.")
     tick_s: float = Field(0.1, gt=0, le=5.0, description="Deadline/liveness check period.")
+    checkpoint_every: int = Field(
+        1, ge=1, description="Write checkpoint.npz every N versions (the journal covers the rest)."
+    )
     # --- I/O
     transports: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["zmq+tcp://127.0.0.1:5555"],

@@ -473,3 +473,12 @@ def test_random_and_mutated_bytes_never_raise_nor_move_the_model(data: Any, kind
     assert np.array_equal(eng.x, x0) and eng.version == 0  # b has not reported: no step
     assert eff.committed is None
     assert math.isfinite(float(eng.x.sum()))
+
+
+def test_async_ef21_step_is_scaled_by_fresh_fraction() -> None:
+    eng = make_engine(mode="async", async_apply_every=1)
+    join(eng, "a", "b", semantics="ef21", compressor="dense")
+    eng.handle(*upd("a", dense_update(C1, "ef21")), 1.0)
+    assert eng.version == 1
+    # one of two states refreshed: gamma * (1/2) * sum_h / 2
+    assert np.array_equal(eng.x, 0.0 - (GAMMA * 0.5 / 2) * C1)
