@@ -190,7 +190,8 @@ def randk_probabilities(absg: FloatArray, t: float) -> tuple[FloatArray, float]:
     rest = tail[r]
     thr = mags[r - 1] if r > 0 else np.inf
     # (t - r) * |g_i| / rest rather than lam * |g_i|: lam overflows for tiny (subnormal) tails
-    scaled = (t - r) * absg / rest if rest > 0 else np.zeros_like(absg)
+    with np.errstate(over="ignore"):
+        scaled = (t - r) * absg / rest if rest > 0 else np.zeros_like(absg)
     p = np.where(absg >= thr, 1.0, np.minimum(1.0, scaled))
     a2_r = float(np.dot(mags[:r], mags[:r]))
     v = a2_r + (rest * rest / (t - r) if t > r else 0.0)

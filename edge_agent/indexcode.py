@@ -105,12 +105,30 @@ def _bits_of_words(words: npt.NDArray[np.uint64], width: int) -> npt.NDArray[np.
     return ((words[:, None] >> shifts[None, :]) & np.uint64(1)).astype(np.uint8).ravel()
 
 
-def _words_of_bits(bits: npt.NDArray[np.uint8], width: int) -> npt.NDArray[np.uint64]:
-    shifts = np.arange(width, dtype=np.uint64)
-    words: npt.NDArray[np.uint64] = np.bitwise_or.reduce(
-        bits.reshape(-1, width).astype(np.uint64) << shifts[None, :], axis=1
-    ).astype(np.uint64)
-    return words
+def _read_words(
+    raw: npt.NDArray[np.uint8], bit_pos: int, count: int, width: int
+) -> npt.NDArray[np.uint64]:
+    """``count`` little-endian words of ``width`` bits (1..64) starting at bit ``bit_pos``.
+
+    Gathers the (up to) nine bytes under each word one byte column at a time, so the
+    temporaries stay a few bytes per word (a decoder must not amplify hostile input).
+    """
+    pos = np.arange(count, dtype=np.int64)
+    pos *= width
+    pos += bit_pos
+    shift = (pos & 7).astype(np.uint64)
+    pos >>= 3
+    padded = np.concatenate([raw, np.zeros(9, dtype=np.uint8)])
+    word = np.zeros(count, dtype=np.uint64)
+    for k in range(8):
+        word |= padded[pos].astype(np.uint64) << np.uint64(8 * k)
+        pos += 1
+    word >>= shift
+    # the ninth byte supplies the top `shift` bits; (x << 64 - shift) is undefined for shift 0
+    word |= (padded[pos].astype(np.uint64) << np.uint64(1)) << (np.uint64(63) - shift)
+    if width < 64:
+        word &= np.uint64((1 << width) - 1)
+    return word
 
 
 def encode_indices(indices: npt.NDArray[np.integer], d: int) -> bytes:
@@ -165,24 +183,24 @@ def decode_indices(buf: bytes | memoryview, offset: int, d: int, n: int) -> tupl
     if end > len(buf):
         raise WireFormatError(f"truncated: index block needs {nbytes} bytes")
     raw = np.frombuffer(buf, dtype=np.uint8, count=nbytes, offset=offset + 1)
-    bits = np.unpackbits(raw, bitorder="little")
-    if bits[total:].any():
+    if total % 8 and raw[-1] >> (total % 8):
         raise WireFormatError("index block: padding bits are not zero")
-    ones = np.flatnonzero(bits[:high_len])
+    # Only the high part is unpacked bit by bit (about 2.5 bits per index); the low part
+    # and the trit words are gathered straight from the bytes: memory stays proportionate.
+    ones = np.flatnonzero(np.unpackbits(raw[: (high_len + 7) // 8], bitorder="little")[:high_len])
     if ones.size != n:
         raise WireFormatError(f"index block: {ones.size} ones in the high part, expected {n}")
-    q = ones - np.arange(n, dtype=np.int64)
+    q = ones
+    q -= np.arange(n, dtype=np.int64)
     pos = high_len
-    r = np.zeros(n, dtype=np.int64)
-    if l:
-        r |= _words_of_bits(bits[pos : pos + n * l], l).astype(np.int64)
-        pos += n * l
+    r = _read_words(raw, pos, n, l).view(np.int64) if l else np.zeros(n, dtype=np.int64)
+    pos += n * l
     if b == 3:
         full = n // TRITS_PER_WORD
         rest = n - full * TRITS_PER_WORD
         trits = np.empty(n, dtype=np.int64)
         if full:
-            w = _words_of_bits(bits[pos : pos + 64 * full], 64)
+            w = _read_words(raw, pos, full, 64)
             pos += 64 * full
             if (w >= np.uint64(3**TRITS_PER_WORD)).any():
                 raise WireFormatError("index block: trit word out of range")
@@ -190,14 +208,16 @@ def decode_indices(buf: bytes | memoryview, offset: int, d: int, n: int) -> tupl
             trits[: full * TRITS_PER_WORD] = digits.ravel().astype(np.int64)
         if rest:
             width = int(_TRIT_BITS[rest])
-            last = int(_words_of_bits(bits[pos : pos + width], width)[0]) if width else 0
+            last = int(_read_words(raw, pos, 1, width)[0]) if width else 0
             if last >= 3**rest:
                 raise WireFormatError("index block: trit word out of range")
             trits[full * TRITS_PER_WORD :] = (last // _POW3[:rest].astype(np.int64)) % 3
         r |= trits << l
-    idx = q * m + r
+    idx = q
+    idx *= m
+    idx += r
     if idx[-1] >= d:
         raise WireFormatError(f"index {int(idx[-1])} out of range for d={d}")
-    if n > 1 and not (np.diff(idx) > 0).all():
+    if n > 1 and not (idx[1:] > idx[:-1]).all():
         raise WireFormatError("indices not strictly increasing")
     return idx, end
