@@ -139,6 +139,9 @@ class EngineConfig:
     max_staleness: int = 4
     liveness_timeout_s: float = 60.0
     dedupe_window: int = 1024
+    #: also publish the retained snapshot every N versions (0: only on start, on request and
+    #: to a rejoining agent). Agents follow deltas; the snapshot is for late joiners.
+    snapshot_every: int = 50
 
     def __post_init__(self) -> None:
         topics.validate_id(self.job, "job id")
@@ -462,6 +465,11 @@ class RoundEngine:
         out = [Outbound(topics.control(job), messages.dump(ctl))]
         more = self._maybe_close(now) if cmd == "resume" else Effects()
         return Effects(outbound=(*out, *more.outbound), committed=more.committed, changed=True)
+
+    def resync_message(self) -> Outbound:
+        """Control ``resync``: the aggregator (re)started at this version."""
+        ctl = messages.Control(cmd="resync", version=self.version, reason="aggregator started")
+        return Outbound(topics.control(self.config.job), messages.dump(ctl))
 
     def snapshot_message(self) -> Outbound:
         """The current model as a retained snapshot on ``cat/<job>/model``."""
@@ -801,7 +809,9 @@ class RoundEngine:
         delta = wire.encode_delta(
             changed, self.x[changed], job=job, base_version=base, version=self.version, d=cfg.d
         )
-        out = [Outbound(topics.delta(job), delta), self.snapshot_message()]
+        out = [Outbound(topics.delta(job), delta)]
+        if cfg.snapshot_every and self.version % cfg.snapshot_every == 0:
+            out.append(self.snapshot_message())
         self._reset_round(now)
         self._prune_seen()
         if cfg.max_rounds is not None and self.version >= cfg.max_rounds:

@@ -165,9 +165,16 @@ class AggregatorService:
             self._close_transports()
             self._store.close()
             raise
-        # The retained snapshot tells (re)connecting agents where we are; agents that
-        # already answered this version re-send their update (de-duplicated here).
-        self._publish([self._engine.snapshot_message(), *self._engine.state_controls()])
+        # The retained snapshot tells (re)connecting agents where we are; the resync
+        # command asks agents that already answered this version to re-send that update
+        # (an open round is not journalled as a whole; duplicates are dropped here).
+        self._publish(
+            [
+                self._engine.snapshot_message(),
+                self._engine.resync_message(),
+                *self._engine.state_controls(),
+            ]
+        )
         self.started_at = self._clock()
         for t in self._transports:
             th = threading.Thread(

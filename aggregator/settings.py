@@ -92,6 +92,11 @@ class Settings(BaseSettings):
     dedupe_window: int = Field(1024, ge=1, description="Versions (agent, round, seq) are kept.")
     liveness_timeout_s: float = Field(60.0, gt=0, description="Silent agents count as dead.")
     tick_s: float = Field(0.1, gt=0, le=5.0, description="Deadline/liveness check period.")
+    snapshot_every: int = Field(
+        50,
+        ge=0,
+        description="Also retain a full snapshot every N versions (0: start/request only).",
+    )
     checkpoint_every: int = Field(
         1, ge=1, description="Write checkpoint.npz every N versions (the journal covers the rest)."
     )
@@ -193,6 +198,7 @@ class Settings(BaseSettings):
             max_staleness=self.max_staleness,
             liveness_timeout_s=self.liveness_timeout_s,
             dedupe_window=max(self.dedupe_window, self.max_staleness),
+            snapshot_every=self.snapshot_every,
         )
 
     def transport_options(self, url: str) -> dict[str, object]:

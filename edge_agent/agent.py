@@ -286,10 +286,6 @@ class Agent:
             self.counters.drop("old_snapshot")
             return
         self.counters.snapshots += 1
-        if self.version == snap.version and self.sent_version == snap.version and self._last_blob:
-            # The aggregator (re)announced the version we already answered: it may have
-            # restarted and lost the open round. Same bytes, same seq: it de-duplicates.
-            self._resend()
         self.x = snap.x.copy()
         self.version = snap.version
         self._last_progress = self.clock()
@@ -315,6 +311,15 @@ class Agent:
         if ctl.cmd == "stop":
             self.finished = True
             self._stop.set()
+        elif ctl.cmd == "resync":
+            if ctl.version is None or self.version is None:
+                return
+            if ctl.version == self.version == self.sent_version:
+                # The aggregator restarted and may have lost the open round: the same
+                # bytes again (same seq), which it de-duplicates if it had them.
+                self._resend()
+            elif ctl.version > self.version:
+                self._request_snapshot()
         else:
             self.paused = ctl.cmd == "pause"
 

@@ -63,10 +63,15 @@ class Request(_Msg):
 
 
 class Control(_Msg):
-    """Aggregator to agents: stop (training finished), pause, resume."""
+    """Aggregator to agents: stop (training finished), pause, resume, resync.
+
+    ``resync`` (with ``version``) is sent when the aggregator (re)starts: an agent that has
+    already answered that version re-sends the very same update (same seq; de-duplicated),
+    since the open round may have been lost; an agent behind it asks for a snapshot.
+    """
 
     type: Literal["control"] = "control"
-    cmd: Literal["stop", "pause", "resume"]
+    cmd: Literal["stop", "pause", "resume", "resync"]
     version: int | None = None
     reason: str = ""
 

@@ -226,7 +226,7 @@ def test_delta_applied_to_old_model_reproduces_new_model_bit_for_bit() -> None:
 
 
 def test_new_version_broadcasts_a_retained_snapshot() -> None:
-    eng = make_engine()
+    eng = make_engine(snapshot_every=1)
     join(eng, "a")
     eff = eng.handle(*upd("a", topk_update(G_A, 5)), 1.0)
     snap_msg = find(eff.outbound, topics.model(JOB))
@@ -482,3 +482,14 @@ def test_async_ef21_step_is_scaled_by_fresh_fraction() -> None:
     assert eng.version == 1
     # one of two states refreshed: gamma * (1/2) * sum_h / 2
     assert np.array_equal(eng.x, 0.0 - (GAMMA * 0.5 / 2) * C1)
+
+
+def test_versions_between_snapshots_send_only_the_delta() -> None:
+    eng = make_engine(snapshot_every=3)
+    join(eng, "a")
+    kinds = []
+    for _ in range(3):
+        eff = eng.handle(*upd("a", topk_update(G_A, 5), round=eng.version, seq=eng.version), 1.0)
+        kinds.append(sorted(o.topic for o in eff.outbound))
+    assert kinds[0] == kinds[1] == [topics.delta(JOB)]
+    assert kinds[2] == sorted([topics.delta(JOB), topics.model(JOB)])

@@ -210,10 +210,10 @@ def test_max_rounds_ends_the_run(memory_url: str, peer: Peer, shard: Dataset) ->
     assert agent.rounds == 3
 
 
-def test_snapshot_of_an_answered_version_resends_the_same_update(
+def test_resync_of_an_answered_version_resends_the_same_update(
     memory_url: str, peer: Peer, shard: Dataset
 ) -> None:
-    """An aggregator that restarted re-announces version v: the agent re-sends (same seq)."""
+    """An aggregator that restarted says resync at version v: the agent re-sends (same seq)."""
     agent = make_agent(memory_url, shard)
     agent.start()
     peer.pump()
@@ -221,7 +221,9 @@ def test_snapshot_of_an_answered_version_resends_the_same_update(
         agent.handle(m)
     agent.step()
     peer.pump(step=False)
-    peer.snapshot()
+    peer.snapshot()  # a plain snapshot of the answered version is no reason to re-send
+    ctl = messages.Control(cmd="resync", version=0)
+    peer.t.publish(topics.control(JOB), messages.dump(ctl))
     while (m := agent.transport.recv(timeout_s=0)) is not None:
         agent.handle(m)
     peer.pump(step=False)
