@@ -31,7 +31,7 @@ IntArray = npt.NDArray[np.int64]
 Price = Callable[[IntArray], FloatArray]
 
 _SAMPLE = 2048  # entries looked at to guess the threshold
-_GRID = 1.08  # geometric step of the bound intervals beyond the seen entries
+_GRID = 1.03  # geometric step of the bound intervals beyond the seen entries
 
 
 class SupportsObjectiveCost(Protocol):
@@ -79,13 +79,23 @@ def make_price(
     return price
 
 
+def _prefix(compressor: str, sorted_mags: FloatArray) -> FloatArray:
+    """A2 (topk) or A1 (signtopk) for T = 1..len(sorted_mags)."""
+    if compressor == "topk":
+        return np.cumsum(sorted_mags * sorted_mags)
+    return np.cumsum(sorted_mags)
+
+
+def _gain_of(compressor: str, prefix: FloatArray, t: IntArray) -> FloatArray:
+    """gain(T) * 2L from the prefix sums: A2(T), or A1(T)^2 / T."""
+    if compressor == "topk":
+        return np.asarray(prefix[t - 1], dtype=np.float64)
+    return np.asarray(prefix[t - 1] ** 2 / t, dtype=np.float64)
+
+
 def _gain(compressor: str, sorted_mags: FloatArray, t: IntArray) -> FloatArray:
     """gain(T) * 2L for T = t (1-based counts into sorted_mags, all <= its length)."""
-    if compressor == "topk":
-        a2 = np.cumsum(sorted_mags * sorted_mags)
-        return np.asarray(a2[t - 1], dtype=np.float64)
-    a1 = np.cumsum(sorted_mags)
-    return np.asarray(a1[t - 1] ** 2 / t, dtype=np.float64)
+    return _gain_of(compressor, _prefix(compressor, sorted_mags), t)
 
 
 def _argmax(ratio: FloatArray) -> int:
@@ -154,7 +164,8 @@ def select(
     if compressor not in ("topk", "signtopk"):
         raise ValueError(f"CAT has no gain model for compressor {compressor!r}")
     absg = np.abs(arr)
-    total = float(np.dot(arr, arr)) if compressor == "topk" else float(absg.sum())
+    # einsum, not dot: BLAS threads can stall for milliseconds on a loaded small device
+    total = float(np.einsum("i,i->", arr, arr)) if compressor == "topk" else float(absg.sum())
     sample, stride = _sample(absg)
     want = _guess_count(sample, stride, compressor, price, t_max)
     widenings = 0
@@ -166,22 +177,58 @@ def select(
         tau = _threshold(sample, stride, want)
         cand = np.flatnonzero(absg >= tau)
         if cand.size >= t_min and cand.size < d:
-            mags = absg[cand]
-            order = np.argsort(-mags, kind="stable")
-            mags = mags[order]
+            cand_mags = absg[cand]
+            mags = np.sort(cand_mags)[::-1]
             k_seen = min(cand.size, t_max)
-            ts = np.arange(t_min, k_seen + 1, dtype=np.int64)
-            ratio = _gain(compressor, mags[:k_seen], ts) / price(ts)
-            k = _argmax(ratio)
-            best_t, best = int(ts[k]), float(ratio[k])
+            best_t, best = _best_seen(compressor, mags[:k_seen], t_min, price)
             if (
                 k_seen == t_max
                 or _beyond_bound(compressor, mags, cand.size, tau, total, price, t_max) <= best
             ):
-                idx = np.sort(cand[order[:best_t]]).astype(np.int64)
-                return Selection(best_t, best, idx, widenings)
+                top = (
+                    cand
+                    if best_t == cand.size
+                    else cand[np.argpartition(cand_mags, cand.size - best_t)[cand.size - best_t :]]
+                )
+                return Selection(best_t, best, np.sort(top).astype(np.int64), widenings)
         widenings += 1
         want *= 4
+
+
+_BLOCK = 64  # T per block when pruning the exact evaluation
+
+
+def _best_seen(compressor: str, mags: FloatArray, t_min: int, price: Price) -> tuple[int, float]:
+    """Exact argmax of gain(T)/cost(T) over T in [t_min, len(mags)], ties to the smallest T.
+
+    cost is nondecreasing in T, and so are A2 (topk's gain) and A1 (signtopk's gain is
+    A1^2/T), so on a block [a, b] the ratio is at most A2(b)/cost(a), resp. A1(b)^2/(a cost(a)). Blocks whose bound is below a ratio already seen cannot hold the
+    maximum and are never priced T by T; the values compared are computed exactly as the
+    exhaustive search computes them, so the answer is identical.
+    """
+    k_seen = mags.size
+    ts = np.arange(t_min, k_seen + 1, dtype=np.int64)
+    prefix = _prefix(compressor, mags)
+    gain = _gain_of(compressor, prefix, ts)
+    if ts.size <= 4 * _BLOCK:
+        ratio = gain / price(ts)
+        k = _argmax(ratio)
+        return int(ts[k]), float(ratio[k])
+    first = np.arange(0, ts.size, _BLOCK)
+    last = np.minimum(first + _BLOCK - 1, ts.size - 1)
+    cost_first = price(ts[first])
+    cost_last = price(ts[last])
+    known = max(float((gain[first] / cost_first).max()), float((gain[last] / cost_last).max()))
+    top = prefix[ts[last] - 1]
+    bound = top / cost_first if compressor == "topk" else top * top / ts[first] / cost_first
+    # the relative slack absorbs rounding in the bound's own arithmetic (never excludes
+    # a block that could hold the maximum; at worst prices a few extra blocks)
+    keep = np.flatnonzero(bound * (1 + 1e-9) >= known)
+    pos = (first[keep][:, None] + np.arange(_BLOCK)[None, :]).ravel()
+    pos = pos[pos < ts.size]  # the last block may be short; positions stay ascending
+    ratio = gain[pos] / price(ts[pos])
+    k = _argmax(ratio)
+    return int(ts[pos[k]]), float(ratio[k])
 
 
 def _sample(absg: FloatArray) -> tuple[FloatArray, int]:
