@@ -1,0 +1,294 @@
+"""`make demo`: a heterogeneous fleet trains over ZeroMQ (or MQTT) on loopback.
+
+Starts the aggregator with uvicorn and several `edge-agent run` processes, each on a
+different shipped radio profile, training l2-logistic regression on generated RCV1-like
+shards until the loss reaches a target (relative suboptimality, f* from an L-BFGS solve).
+Shows a progress bar and the dashboard URL while it runs, ends with a summary table of what
+every agent spent against what dense gradients would have cost, and stops every process it
+started (also on Ctrl-C).
+
+    python deploy/demo.py [--agents 4] [--mqtt] [--target 0.05] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from aggregator.optimum import solve_optimum
+from edge_agent.data import make_rcv1_like, split_shards, write_libsvm
+from edge_agent.models import make_model
+
+ROOT = Path(__file__).resolve().parents[1]
+HOST = "127.0.0.1"
+FLEET = [
+    "lorawan_eu868_dr5_sf7",
+    "ble5_2m_dle_notify",
+    "nbiot_udp_psm_rai",
+    "wifi_esp32_mqtt_tcp",
+    "ieee802154_6lowpan_udp_threadlike",
+    "lorawan_eu868_dr0_sf12",
+    "ltem_udp_psm",
+    "zigbee_aps_nwk_encrypted",
+]
+
+
+def free_port(pair: bool = False) -> int:
+    """A free TCP port on 127.0.0.1 (and port + 1 when ``pair``: ZeroMQ uses two)."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind((HOST, 0))
+            port = int(s.getsockname()[1])
+        if not pair:
+            return port
+        try:
+            with socket.socket() as s2:
+                s2.bind((HOST, port + 1))
+            return port
+        except OSError:
+            continue
+    raise SystemExit("demo: no free port pair on 127.0.0.1")
+
+
+def get_json(url: str, timeout_s: float = 2.0) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout_s) as r:
+        return json.loads(r.read())
+
+
+def wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"demo: the aggregator exited ({proc.returncode}); its log:\n{tail(log)}")
+        try:
+            get_json(url, 1.0)
+            return
+        except (urllib.error.URLError, OSError, ValueError):
+            time.sleep(0.2)
+    raise SystemExit(f"demo: the aggregator did not answer {url} within {timeout_s} s:\n{tail(log)}")
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def start_mosquitto(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    exe = shutil.which("mosquitto") or shutil.which("mosquitto", path="/usr/sbin:/usr/local/sbin")
+    if exe is None:
+        raise SystemExit("demo: MQTT=1 needs Mosquitto (apt-get install mosquitto); run `make demo` for ZeroMQ")
+    port = free_port()
+    conf = workdir / "mosquitto.conf"
+    user = os.environ.get("USER") or __import__("getpass").getuser()
+    conf.write_text(f"listener {port} {HOST}\nallow_anonymous true\nuser {user}\nlog_dest file {workdir / 'mosquitto.log'}\n")
+    proc = subprocess.Popen([exe, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex((HOST, port)) == 0:
+                return proc, f"mqtt://{HOST}:{port}"
+        time.sleep(0.1)
+    proc.kill()
+    raise SystemExit(f"demo: mosquitto did not start:\n{tail(workdir / 'mosquitto.log')}")
+
+
+def si(value: float, unit: str) -> str:
+    """1234567 B -> '1.23 MB'."""
+    for factor, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, ""), (1e-3, "m"), (1e-6, "µ")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}"
+
+
+def bar(fraction: float, width: int = 30) -> str:
+    fraction = min(max(fraction, 0.0), 1.0)
+    full = int(fraction * width)
+    return "[" + "#" * full + "-" * (width - full) + f"] {100 * fraction:5.1f}%"
+
+
+def stop_all(procs: list[subprocess.Popen[bytes]], timeout_s: float = 10.0) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=5)
+
+
+def summary_table(agents: list[dict[str, Any]], status: dict[str, Any]) -> str:
+    head = f"{'agent':<8} {'profile':<34} {'T last':>6} {'updates':>7} {'bytes':>10} {'packets':>8} {'airtime':>10} {'energy':>10} {'vs dense (objective)':>21}"
+    rows = [head, "-" * len(head)]
+    for a in sorted(agents, key=lambda a: a["agent"]):
+        t, dense = a["totals"], a["dense_equivalent"]
+        obj = a["objective"] or "bits"
+        ratio = dense.get(obj, 0.0) / t[obj] if t.get(obj) else float("nan")
+        rows.append(
+            f"{a['agent']:<8} {a['profile']:<34} {a['last_t'] or 0:>6} {a['updates_accepted']:>7} "
+            f"{si(t['bytes'], 'B'):>10} {t['packets']:>8} {si(t['airtime_s'], 's'):>10} {si(t['energy_j'], 'J'):>10} "
+            f"{ratio:>12.1f}x less {obj[:7]:<7}"
+        )
+    tot, dense = status["totals"], status["dense_equivalent"]
+    rows.append("-" * len(head))
+    rows.append(
+        f"{'total':<8} {'(CAT, adaptive)':<34} {'':>6} {tot['updates']:>7} {si(tot['bytes'], 'B'):>10} {tot['packets']:>8} "
+        f"{si(tot['airtime_s'], 's'):>10} {si(tot['energy_j'], 'J'):>10}"
+    )
+    rows.append(
+        f"{'dense':<8} {'(same rounds, all d values)':<34} {'':>6} {dense['updates']:>7} {si(dense['bytes'], 'B'):>10} "
+        f"{dense['packets']:>8} {si(dense['airtime_s'], 's'):>10} {si(dense['energy_j'], 'J'):>10}"
+    )
+    saving = [
+        f"{name} {dense[key] / tot[key]:.1f}x" for name, key in (("bytes", "bytes"), ("packets", "packets"), ("airtime", "airtime_s"), ("energy", "energy_j")) if tot.get(key)
+    ]
+    rows.append("adaptive fleet spent less than dense by: " + ", ".join(saving))
+    return "\n".join(rows)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--agents", type=int, default=4, help="number of agent processes (each on a different radio profile)")
+    ap.add_argument("--rows", type=int, default=4000, help="rows of the generated RCV1-like set (split over the agents)")
+    ap.add_argument("--features", type=int, default=20000, help="features (model dimension d)")
+    ap.add_argument("--l2", type=float, default=1e-3)
+    ap.add_argument("--target", type=float, default=1e-3, help="target relative suboptimality (f - f*)/(f(0) - f*)")
+    ap.add_argument("--max-rounds", type=int, default=5000)
+    ap.add_argument("--feedback", default="ef21", choices=["none", "ef", "ef21"], help="error feedback on the agents")
+    ap.add_argument("--mqtt", action="store_true", help="go through a Mosquitto broker instead of ZeroMQ")
+    ap.add_argument("--port", type=int, default=0, help="HTTP port of the aggregator (0: a free one)")
+    ap.add_argument("--timeout-s", type=float, default=300.0, help="give up after this long")
+    ap.add_argument("--keep", action="store_true", help="keep the run directory (data, logs, checkpoints)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    if not 1 <= args.agents <= len(FLEET):
+        raise SystemExit(f"demo: --agents must be in 1..{len(FLEET)}")
+
+    work = Path(tempfile.mkdtemp(prefix="cat-edge-demo-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    broker: subprocess.Popen[bytes] | None = None
+    try:
+        print(f"cat-edge demo: {args.agents} agents, d={args.features}, {args.rows} rows, run directory {work}")
+        rng = np.random.default_rng(args.seed)
+        full = make_rcv1_like(args.rows, args.features, rng=rng, nnz_per_row=min(74.0, args.features / 10))
+        write_libsvm(full, work / "full.svm")
+        for i, shard in enumerate(split_shards(full, args.agents, rng=rng)):
+            write_libsvm(shard, work / f"shard-{i}.svm")
+        model = make_model("logreg", n_features=args.features, l2=args.l2)
+        _, f_star = solve_optimum(model, full)
+        f0 = model.loss(np.zeros(model.d), full)
+        target_loss = f_star + args.target * (f0 - f_star)
+        print(f"f(0) = {f0:.6f}, f* = {f_star:.6f} (L-BFGS); target loss {target_loss:.6f} (relative suboptimality {args.target:g})")
+
+        if args.mqtt:
+            broker, server = start_mosquitto(work)
+        else:
+            server = f"zmq+tcp://{HOST}:{free_port(pair=True)}"
+        http_port = args.port or free_port()
+        env = {
+            **os.environ,
+            "AGG_JOB": "demo",
+            "AGG_D": str(args.features),
+            "AGG_L2": str(args.l2),
+            "AGG_TRANSPORTS": server,
+            "AGG_DATA_DIR": str(work / "aggregator"),
+            "AGG_EVAL_DATA": str(work / "full.svm"),
+            "AGG_MIN_AGENTS": str(args.agents),
+            "AGG_QUORUM_FRACTION": "1.0",
+            "AGG_ROUND_DEADLINE_S": "10",
+            "AGG_TARGET_LOSS": repr(target_loss),
+            "AGG_MAX_ROUNDS": str(args.max_rounds),
+            "AGG_CHECKPOINT_EVERY": "20",
+        }
+        agg_log = work / "aggregator.log"
+        with agg_log.open("wb") as log:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "uvicorn", "aggregator.app:app", "--host", HOST, "--port", str(http_port), "--log-level", "warning"],
+                    env=env, stdout=log, stderr=subprocess.STDOUT, cwd=work,
+                )
+            )
+        base = f"http://{HOST}:{http_port}"
+        wait_http(base + "/healthz", 30, procs[0], agg_log)
+        print(f"aggregator up: {server} | dashboard {base}/  | status {base}/status")
+        for i in range(args.agents):
+            profile = FLEET[i]
+            cmd = [
+                sys.executable, "-m", "edge_agent.cli", "run", "--server", server, "--job", "demo",
+                "--agent-id", f"agent-{i}", "--profile", profile, "--data", str(work / f"shard-{i}.svm"),
+                "--features", str(args.features), "--l2", str(args.l2), "--feedback", args.feedback,
+                "--duty-cycle", "ignore", "--seed", str(i), "--quiet", "--resend-s", "5",
+            ]
+            with (work / f"agent-{i}.log").open("wb") as log:
+                procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, cwd=ROOT))
+            print(f"  agent-{i}: {profile}")
+        print("(duty cycles are accounted, not waited for: the radios are modelled, the traffic is loopback)")
+
+        start = time.monotonic()
+        status: dict[str, Any] = {}
+        span = np.log10(1.0 / args.target)
+        while time.monotonic() - start < args.timeout_s:
+            try:
+                status = get_json(base + "/status")
+            except (urllib.error.URLError, OSError, ValueError):
+                if procs[0].poll() is not None:
+                    raise SystemExit(f"demo: the aggregator died:\n{tail(agg_log)}") from None
+                time.sleep(0.5)
+                continue
+            loss = status.get("loss")
+            rel = (loss - f_star) / (f0 - f_star) if loss is not None else 1.0
+            frac = np.log10(1.0 / max(rel, 1e-300)) / span if rel > 0 else 1.0
+            tot = status["totals"]
+            line = (
+                f"\r{bar(frac)} round {status['round']:>5}  loss {loss if loss is not None else float('nan'):.5f}  "
+                f"rel {rel:.3g}  sent {si(tot['bytes'], 'B')}, {si(tot['airtime_s'], 's')} airtime, {si(tot['energy_j'], 'J')}   "
+            )
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            if status["state"] == "finished":
+                break
+            dead = [p for p in procs[1:] if p.poll() not in (None, 0)]
+            if dead:
+                raise SystemExit(f"\ndemo: an agent failed; see {work}/agent-*.log")
+            time.sleep(0.5)
+        print()
+        agents = get_json(base + "/agents")
+        reached = status.get("state") == "finished" and "target" in status.get("finish_reason", "")
+        elapsed = time.monotonic() - start
+        print(f"\n{'reached' if reached else 'did NOT reach'} the target in {status.get('round')} rounds, {elapsed:.1f} s: {status.get('finish_reason') or 'timeout'}")
+        print(f"final loss {status.get('loss')}, accuracy {status.get('accuracy')}\n")
+        print(summary_table(agents, status))
+        return 0 if reached else 1
+    except KeyboardInterrupt:
+        print("\ndemo: interrupted; stopping everything")
+        return 130
+    finally:
+        stop_all(list(reversed(procs)))
+        if broker is not None:
+            stop_all([broker])
+        if args.keep:
+            print(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
