@@ -91,7 +91,7 @@ def test_randk_is_unbiased_up_to_rho() -> None:
     rng = np.random.default_rng(0)
     g = rng.standard_normal(50) * rng.pareto(2.0, 50)
     t = 10
-    p, v = randk_probabilities(np.abs(g), t)
+    _, v = randk_probabilities(np.abs(g), t)
     rho = float(g @ g) / v
     mean = np.zeros_like(g)
     n = 20000
