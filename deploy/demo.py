@@ -73,13 +73,17 @@ def wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes], log: Pa
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"demo: the aggregator exited ({proc.returncode}); its log:\n{tail(log)}")
+            raise SystemExit(
+                f"demo: the aggregator exited ({proc.returncode}); its log:\n{tail(log)}"
+            )
         try:
             get_json(url, 1.0)
             return
         except (urllib.error.URLError, OSError, ValueError):
             time.sleep(0.2)
-    raise SystemExit(f"demo: the aggregator did not answer {url} within {timeout_s} s:\n{tail(log)}")
+    raise SystemExit(
+        f"demo: the aggregator did not answer {url} within {timeout_s} s:\n{tail(log)}"
+    )
 
 
 def tail(path: Path, lines: int = 15) -> str:
@@ -92,12 +96,18 @@ def tail(path: Path, lines: int = 15) -> str:
 def start_mosquitto(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
     exe = shutil.which("mosquitto") or shutil.which("mosquitto", path="/usr/sbin:/usr/local/sbin")
     if exe is None:
-        raise SystemExit("demo: MQTT=1 needs Mosquitto (apt-get install mosquitto); run `make demo` for ZeroMQ")
+        raise SystemExit(
+            "demo: MQTT=1 needs Mosquitto (apt-get install mosquitto); run `make demo` for ZeroMQ"
+        )
     port = free_port()
     conf = workdir / "mosquitto.conf"
     user = os.environ.get("USER") or __import__("getpass").getuser()
-    conf.write_text(f"listener {port} {HOST}\nallow_anonymous true\nuser {user}\nlog_dest file {workdir / 'mosquitto.log'}\n")
-    proc = subprocess.Popen([exe, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    conf.write_text(
+        f"listener {port} {HOST}\nallow_anonymous true\nuser {user}\nlog_dest file {workdir / 'mosquitto.log'}\n"
+    )
+    proc = subprocess.Popen(
+        [exe, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         with socket.socket() as s:
@@ -110,7 +120,15 @@ def start_mosquitto(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
 
 def si(value: float, unit: str) -> str:
     """1234567 B -> '1.23 MB'."""
-    for factor, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, ""), (1e-3, "m"), (1e-6, "µ")):
+    for factor, prefix in (
+        (1e12, "T"),
+        (1e9, "G"),
+        (1e6, "M"),
+        (1e3, "k"),
+        (1.0, ""),
+        (1e-3, "m"),
+        (1e-6, "µ"),
+    ):
         if abs(value) >= factor:
             return f"{value / factor:.3g} {prefix}{unit}"
     return f"{value:.3g} {unit}"
@@ -158,25 +176,60 @@ def summary_table(agents: list[dict[str, Any]], status: dict[str, Any]) -> str:
         f"{dense['packets']:>8} {si(dense['airtime_s'], 's'):>10} {si(dense['energy_j'], 'J'):>10}"
     )
     saving = [
-        f"{name} {dense[key] / tot[key]:.1f}x" for name, key in (("bytes", "bytes"), ("packets", "packets"), ("airtime", "airtime_s"), ("energy", "energy_j")) if tot.get(key)
+        f"{name} {dense[key] / tot[key]:.1f}x"
+        for name, key in (
+            ("bytes", "bytes"),
+            ("packets", "packets"),
+            ("airtime", "airtime_s"),
+            ("energy", "energy_j"),
+        )
+        if tot.get(key)
     ]
     rows.append("adaptive fleet spent less than dense by: " + ", ".join(saving))
     return "\n".join(rows)
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--agents", type=int, default=4, help="number of agent processes (each on a different radio profile)")
-    ap.add_argument("--rows", type=int, default=4000, help="rows of the generated RCV1-like set (split over the agents)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--agents",
+        type=int,
+        default=4,
+        help="number of agent processes (each on a different radio profile)",
+    )
+    ap.add_argument(
+        "--rows",
+        type=int,
+        default=4000,
+        help="rows of the generated RCV1-like set (split over the agents)",
+    )
     ap.add_argument("--features", type=int, default=20000, help="features (model dimension d)")
     ap.add_argument("--l2", type=float, default=1e-3)
-    ap.add_argument("--target", type=float, default=1e-3, help="target relative suboptimality (f - f*)/(f(0) - f*)")
+    ap.add_argument(
+        "--target",
+        type=float,
+        default=1e-3,
+        help="target relative suboptimality (f - f*)/(f(0) - f*)",
+    )
     ap.add_argument("--max-rounds", type=int, default=5000)
-    ap.add_argument("--feedback", default="ef21", choices=["none", "ef", "ef21"], help="error feedback on the agents")
-    ap.add_argument("--mqtt", action="store_true", help="go through a Mosquitto broker instead of ZeroMQ")
-    ap.add_argument("--port", type=int, default=0, help="HTTP port of the aggregator (0: a free one)")
+    ap.add_argument(
+        "--feedback",
+        default="ef21",
+        choices=["none", "ef", "ef21"],
+        help="error feedback on the agents",
+    )
+    ap.add_argument(
+        "--mqtt", action="store_true", help="go through a Mosquitto broker instead of ZeroMQ"
+    )
+    ap.add_argument(
+        "--port", type=int, default=0, help="HTTP port of the aggregator (0: a free one)"
+    )
     ap.add_argument("--timeout-s", type=float, default=300.0, help="give up after this long")
-    ap.add_argument("--keep", action="store_true", help="keep the run directory (data, logs, checkpoints)")
+    ap.add_argument(
+        "--keep", action="store_true", help="keep the run directory (data, logs, checkpoints)"
+    )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     if not 1 <= args.agents <= len(FLEET):
@@ -186,9 +239,13 @@ def main() -> int:
     procs: list[subprocess.Popen[bytes]] = []
     broker: subprocess.Popen[bytes] | None = None
     try:
-        print(f"cat-edge demo: {args.agents} agents, d={args.features}, {args.rows} rows, run directory {work}")
+        print(
+            f"cat-edge demo: {args.agents} agents, d={args.features}, {args.rows} rows, run directory {work}"
+        )
         rng = np.random.default_rng(args.seed)
-        full = make_rcv1_like(args.rows, args.features, rng=rng, nnz_per_row=min(74.0, args.features / 10))
+        full = make_rcv1_like(
+            args.rows, args.features, rng=rng, nnz_per_row=min(74.0, args.features / 10)
+        )
         write_libsvm(full, work / "full.svm")
         for i, shard in enumerate(split_shards(full, args.agents, rng=rng)):
             write_libsvm(shard, work / f"shard-{i}.svm")
@@ -196,7 +253,9 @@ def main() -> int:
         _, f_star = solve_optimum(model, full)
         f0 = model.loss(np.zeros(model.d), full)
         target_loss = f_star + args.target * (f0 - f_star)
-        print(f"f(0) = {f0:.6f}, f* = {f_star:.6f} (L-BFGS); target loss {target_loss:.6f} (relative suboptimality {args.target:g})")
+        print(
+            f"f(0) = {f0:.6f}, f* = {f_star:.6f} (L-BFGS); target loss {target_loss:.6f} (relative suboptimality {args.target:g})"
+        )
 
         if args.mqtt:
             broker, server = start_mosquitto(work)
@@ -222,8 +281,22 @@ def main() -> int:
         with agg_log.open("wb") as log:
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "uvicorn", "aggregator.app:app", "--host", HOST, "--port", str(http_port), "--log-level", "warning"],
-                    env=env, stdout=log, stderr=subprocess.STDOUT, cwd=work,
+                    [
+                        sys.executable,
+                        "-m",
+                        "uvicorn",
+                        "aggregator.app:app",
+                        "--host",
+                        HOST,
+                        "--port",
+                        str(http_port),
+                        "--log-level",
+                        "warning",
+                    ],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=work,
                 )
             )
         base = f"http://{HOST}:{http_port}"
@@ -232,15 +305,40 @@ def main() -> int:
         for i in range(args.agents):
             profile = FLEET[i]
             cmd = [
-                sys.executable, "-m", "edge_agent.cli", "run", "--server", server, "--job", "demo",
-                "--agent-id", f"agent-{i}", "--profile", profile, "--data", str(work / f"shard-{i}.svm"),
-                "--features", str(args.features), "--l2", str(args.l2), "--feedback", args.feedback,
-                "--duty-cycle", "ignore", "--seed", str(i), "--quiet", "--resend-s", "5",
+                sys.executable,
+                "-m",
+                "edge_agent.cli",
+                "run",
+                "--server",
+                server,
+                "--job",
+                "demo",
+                "--agent-id",
+                f"agent-{i}",
+                "--profile",
+                profile,
+                "--data",
+                str(work / f"shard-{i}.svm"),
+                "--features",
+                str(args.features),
+                "--l2",
+                str(args.l2),
+                "--feedback",
+                args.feedback,
+                "--duty-cycle",
+                "ignore",
+                "--seed",
+                str(i),
+                "--quiet",
+                "--resend-s",
+                "5",
             ]
             with (work / f"agent-{i}.log").open("wb") as log:
                 procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, cwd=ROOT))
             print(f"  agent-{i}: {profile}")
-        print("(duty cycles are accounted, not waited for: the radios are modelled, the traffic is loopback)")
+        print(
+            "(duty cycles are accounted, not waited for: the radios are modelled, the traffic is loopback)"
+        )
 
         start = time.monotonic()
         status: dict[str, Any] = {}
@@ -273,7 +371,9 @@ def main() -> int:
         agents = get_json(base + "/agents")
         reached = status.get("state") == "finished" and "target" in status.get("finish_reason", "")
         elapsed = time.monotonic() - start
-        print(f"\n{'reached' if reached else 'did NOT reach'} the target in {status.get('round')} rounds, {elapsed:.1f} s: {status.get('finish_reason') or 'timeout'}")
+        print(
+            f"\n{'reached' if reached else 'did NOT reach'} the target in {status.get('round')} rounds, {elapsed:.1f} s: {status.get('finish_reason') or 'timeout'}"
+        )
         print(f"final loss {status.get('loss')}, accuracy {status.get('accuracy')}\n")
         print(summary_table(agents, status))
         return 0 if reached else 1
