@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from abc import abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -552,11 +553,16 @@ def save_profile(profile: CostProfile, path: str | Path) -> Path:
 
 
 def default_profiles_dir() -> Path:
-    """The shipped ``cost_profiles/`` directory, or ``$CAT_EDGE_PROFILES_DIR`` when set."""
+    """The shipped profiles: ``$CAT_EDGE_PROFILES_DIR`` when set, else the repository's
+    ``cost_profiles/`` (a checkout or editable install), else the copy a regular install puts
+    in ``<prefix>/share/cat-edge/cost_profiles``."""
     override = os.environ.get(PROFILES_DIR_ENV)
     if override:
         return Path(override)
-    return Path(__file__).resolve().parents[1] / "cost_profiles"
+    checkout = Path(__file__).resolve().parents[1] / "cost_profiles"
+    if checkout.is_dir():
+        return checkout
+    return Path(sys.prefix) / "share" / "cat-edge" / "cost_profiles"
 
 
 def list_profiles(directory: Path | None = None) -> list[CostProfile]:
