@@ -193,7 +193,7 @@ def randk_probabilities(absg: FloatArray, t: float) -> tuple[FloatArray, float]:
     with np.errstate(over="ignore"):
         scaled = (t - r) * absg / rest if rest > 0 else np.zeros_like(absg)
     p = np.where(absg >= thr, 1.0, np.minimum(1.0, scaled))
-    a2_r = float(np.dot(mags[:r], mags[:r]))
+    a2_r = float(np.einsum("i,i->", mags[:r], mags[:r]))
     v = a2_r + (rest * rest / (t - r) if t > r else 0.0)
     return p, v
 
@@ -211,7 +211,7 @@ def compress_randk(
     if rng is None:
         raise ValueError("randk draws random numbers: pass rng=np.random.default_rng(seed)")
     absg = _abs(g)
-    norm2 = float(np.dot(g, g))
+    norm2 = float(np.einsum("i,i->", g, g))
     if t == 0 or norm2 == 0.0:
         return Update(
             "randk",

@@ -106,12 +106,10 @@ def select_exhaustive(
     g: npt.ArrayLike, compressor: str, price: Price, *, t_min: int = 1, t_max: int | None = None
 ) -> Selection:
     """Reference answer by a full sort: evaluates every T in [t_min, t_max]."""
-    arr = np.asarray(g, dtype=np.float64)
+    arr, t_max = _prepare(g, t_min, t_max)
     d = arr.size
-    t_max = d if t_max is None else min(t_max, d)
-    _check_range(t_min, t_max, d)
     if compressor == "dense":
-        return Selection(d, float(np.dot(arr, arr) / price(np.array([d]))[0]))
+        return Selection(d, float(np.einsum("i,i->", arr, arr) / price(np.array([d]))[0]))
     absg = np.abs(arr)
     if compressor == "randk":
         return _select_randk(arr, absg, price, t_min, t_max)
@@ -123,9 +121,14 @@ def select_exhaustive(
     return Selection(t, float(ratio[k]), np.sort(order[:t]).astype(np.int64))
 
 
-def _check_range(t_min: int, t_max: int, d: int) -> None:
+def _prepare(g: npt.ArrayLike, t_min: int, t_max: int | None) -> tuple[FloatArray, int]:
+    """g as float64 and the effective t_max, after checking 1 <= t_min <= t_max <= d."""
+    arr = np.asarray(g, dtype=np.float64)
+    d = arr.size
+    t_max = d if t_max is None else min(t_max, d)
     if not 1 <= t_min <= t_max <= d:
         raise ValueError(f"need 1 <= t_min <= t_max <= d={d}, got t_min={t_min}, t_max={t_max}")
+    return arr, t_max
 
 
 def _select_randk(
@@ -155,10 +158,8 @@ def select(
     g: npt.ArrayLike, compressor: str, price: Price, *, t_min: int = 1, t_max: int | None = None
 ) -> Selection:
     """Exact CAT argmax; the same answer as :func:`select_exhaustive`, without a full sort."""
-    arr = np.asarray(g, dtype=np.float64)
+    arr, t_max = _prepare(g, t_min, t_max)
     d = arr.size
-    t_max = d if t_max is None else min(t_max, d)
-    _check_range(t_min, t_max, d)
     if compressor in ("dense", "randk"):
         return select_exhaustive(arr, compressor, price, t_min=t_min, t_max=t_max)
     if compressor not in ("topk", "signtopk"):
@@ -281,7 +282,7 @@ def _beyond_bound(
     b = np.array(starts[1:], dtype=np.int64) - 1
     b = np.minimum(b, t_max)
     if compressor == "topk":
-        base = float(np.dot(mags, mags))
+        base = float(np.einsum("i,i->", mags, mags))
         gain = np.minimum(base + (b - seen) * tau * tau, total)
     else:
         base = float(mags.sum())
@@ -293,7 +294,7 @@ def dynamic_t(g: npt.ArrayLike, *, t_max: int | None = None) -> int:
     """T_dyn = min{T : A1(T) >= ||g||_2} (Alistarh et al., as in the paper's comparison)."""
     absg = np.abs(np.asarray(g, dtype=np.float64))
     d = absg.size
-    norm = float(np.sqrt(np.dot(absg, absg)))
+    norm = float(np.sqrt(np.einsum("i,i->", absg, absg)))
     cap = d if t_max is None else min(t_max, d)
     if norm == 0.0:
         return 1
