@@ -1,0 +1,120 @@
+"""`aggregator simulate` on a tiny problem, through the real CLI entry (main(argv))."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from aggregator import simulate
+from aggregator.rounds import RoundEngine
+from edge_agent.agent import Agent
+
+TINY = ["--rows", "300", "--features", "400", "--seed", "3", "--max-rounds", "400"]
+FIELDS = {"method", "target", "rounds", "bits", "packets", "airtime_s", "energy_j"}
+
+
+def run_cli(tmp_path: Path, name: str, *extra: str) -> list[dict[str, Any]]:
+    out = tmp_path / f"{name}.json"
+    code = simulate.main([*TINY, "--no-progress", "--json", str(out), *extra])
+    assert code == 0
+    records: list[dict[str, Any]] = json.loads(out.read_text())
+    return records
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return run_cli(tmp_path_factory.mktemp("sim"), "single", "--methods", "dense,cat-topk")
+
+
+def test_json_has_one_record_per_method_and_target(single: list[dict[str, Any]]) -> None:
+    assert [(r["method"], r["target"]) for r in single] == [
+        (m, t) for m in ("dense", "cat-topk") for t in (0.1, 0.01, 0.001)
+    ]
+    for rec in single:
+        assert rec.keys() >= FIELDS
+        assert rec["agents"] == 1 and rec["profile"] == "paper_payload_bits"
+        if rec["rounds"] is None:
+            assert all(rec[m] is None for m in simulate.METRICS)
+        else:
+            assert isinstance(rec["rounds"], int) and rec["bits"] > 0 and rec["packets"] > 0
+
+
+def test_cat_reaches_the_first_target_with_fewer_bits_than_dense(
+    single: list[dict[str, Any]],
+) -> None:
+    first = {r["method"]: r for r in single if r["target"] == 0.1}
+    assert first["dense"]["bits"] is not None and first["cat-topk"]["bits"] is not None
+    assert first["cat-topk"]["bits"] < first["dense"]["bits"]
+
+
+def test_runs_the_real_agent_and_engine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The engine's version is the number of rounds run; agents hold its x bit for bit."""
+    engines: list[RoundEngine] = []
+    agents: list[Agent] = []
+    real_engine_init = RoundEngine.__init__
+    real_agent_init = Agent.__init__
+
+    def spy_engine(self: RoundEngine, *args: Any, **kwargs: Any) -> None:
+        real_engine_init(self, *args, **kwargs)
+        engines.append(self)
+
+    def spy_agent(self: Agent, *args: Any, **kwargs: Any) -> None:
+        real_agent_init(self, *args, **kwargs)
+        agents.append(self)
+
+    monkeypatch.setattr(RoundEngine, "__init__", spy_engine)
+    monkeypatch.setattr(Agent, "__init__", spy_agent)
+    records = run_cli(
+        tmp_path, "fleet", "--agents", "3", "--methods", "cat-topk+ef21", "--max-rounds", "60"
+    )
+    assert len(engines) == 1 and len(agents) == 3
+    engine = engines[0]
+    rounds_run = records[0]["rounds_run"]
+    assert rounds_run > 0 and engine.version == rounds_run
+    assert engine.family == "ef21" and engine.accepted == 3 * rounds_run
+    for agent in agents:
+        assert agent.version == engine.version and agent.x is not None
+        assert np.array_equal(agent.x, engine.x)  # bit for bit
+        assert agent.ledger.updates == rounds_run + 1  # the last update is never applied
+
+
+def test_a_missed_target_is_null_and_the_run_stops_at_max_rounds(tmp_path: Path) -> None:
+    records = run_cli(tmp_path, "miss", "--methods", "topk:1", "--max-rounds", "5")
+    assert len(records) == 3
+    for rec in records:
+        assert rec["rounds"] is None and rec["rounds_run"] == 5
+        assert all(rec[m] is None for m in simulate.METRICS)
+        assert rec["stop_reason"] == "max_rounds=5"
+        assert rec["final_suboptimality"] > 0.1
+
+
+def test_deterministic_under_a_fixed_seed(tmp_path: Path) -> None:
+    args = ("--agents", "2", "--methods", "cat-signtopk,cat-randk", "--max-rounds", "80")
+    a = run_cli(tmp_path, "a", *args)
+    b = run_cli(tmp_path, "b", *args)
+
+    def strip(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in r.items() if k not in simulate.TIMING_FIELDS} for r in recs]
+
+    assert strip(a) == strip(b)
+    assert json.dumps(strip(a), sort_keys=True) == json.dumps(strip(b), sort_keys=True)
+
+
+def test_method_grammar() -> None:
+    m = simulate.parse_method("hybrid-topk:200+ef21")
+    assert (m.compressor, m.policy, m.feedback) == ("topk", "hybrid:200", "ef21")
+    assert simulate.parse_method("topk:64").policy == "fixed:64"
+    assert simulate.parse_method("dense").compressor == "dense"
+    with pytest.raises(ValueError, match="compressor"):
+        simulate.parse_method("cat-gzip")
+    with pytest.raises(ValueError, match="feedback"):
+        simulate.parse_method("cat-topk+ef3")
+
+
+def test_bad_input_exits_with_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert simulate.main(["--methods", "cat-gzip", "--no-progress"]) == 2
+    assert "cat-gzip" in capsys.readouterr().err
