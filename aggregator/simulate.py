@@ -46,6 +46,7 @@ import argparse
 import json
 import math
 import sys
+import textwrap
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -697,19 +698,27 @@ def plot_results(
     fig, axes = plt.subplots(nrows, ncols, figsize=(7 * ncols, 5 * nrows), squeeze=False)
     for ax, (label, group) in zip(axes.flat, fleets.items(), strict=False):
         m = _metric_for(group[0].fleet, metric)
-        for r in group:
+        colors = plt.get_cmap("tab20").colors  # type: ignore[attr-defined]
+        for i, r in enumerate(group):
             cost = np.asarray(r.trace.cost[m], dtype=np.float64)
             sub = np.asarray(r.trace.subopt, dtype=np.float64)
             keep = _plot_points(cost.size)
             style = "--" if r.method.spec.startswith(("topk:", "signtopk:", "randk:")) else "-"
-            ax.plot(cost[keep], sub[keep], style, label=r.method.spec, linewidth=1.2)
+            ax.plot(
+                cost[keep],
+                sub[keep],
+                style,
+                color=colors[(2 * i) % 20 + (2 * i) // 20 % 2],
+                label=r.method.spec,
+                linewidth=1.2,
+            )
         for eps in targets:
             ax.axhline(eps, color="grey", linewidth=0.5, linestyle=":")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel(f"cumulative {m} (all agents, updates)")
         ax.set_ylabel("(f - f*) / (f(x0) - f*)")
-        ax.set_title(label)
+        ax.set_title("\n".join(textwrap.wrap(label, 60)), fontsize=10)
         ax.grid(True, which="major", alpha=0.3)
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[n:]:
