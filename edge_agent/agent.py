@@ -143,8 +143,6 @@ class Agent:
     ) -> None:
         topics.validate_id(config.job, "job")
         topics.validate_id(config.agent_id, "agent id")
-        if model.d != data.n_features * (1 if model.kind != "softmax" else model.n_classes):
-            pass  # the model checks shapes itself on every gradient
         self.config = config
         self.model = model
         self.data = data

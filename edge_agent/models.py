@@ -140,7 +140,7 @@ class Model(ABC):
         """Return ``f(x)``: mean loss over the rows of ``data`` plus ``l2/2 |x|^2``."""
         xv = self._check(x, data)
         value, _ = self._data_loss_grad(xv, data, with_grad=False)
-        return value + 0.5 * self.l2 * float(xv @ xv)
+        return value + 0.5 * self.l2 * float(np.einsum("i,i->", xv, xv))
 
     def grad(self, x: npt.ArrayLike, data: Dataset) -> FloatArray:
         """Return the gradient of :meth:`loss`, shape ``(d,)``."""
@@ -151,7 +151,7 @@ class Model(ABC):
         xv = self._check(x, data)
         value, g = self._data_loss_grad(xv, data, with_grad=True)
         assert g is not None
-        return value + 0.5 * self.l2 * float(xv @ xv), g + self.l2 * xv
+        return value + 0.5 * self.l2 * float(np.einsum("i,i->", xv, xv)), g + self.l2 * xv
 
     def smoothness(self, data: Dataset, *, iters: int = 50, rng: np.random.Generator) -> float:
         """Upper bound ``L`` on the Lipschitz constant of :meth:`grad` over these rows.
