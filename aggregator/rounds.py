@@ -609,7 +609,16 @@ class RoundEngine:
             )
         seen = self._seen.get(agent)
         if seen is not None and header.seq in seen.get(header.round, ()):
-            raise _Reject("duplicate", f"{agent} round {header.round} seq {header.seq}")
+            detail = f"{agent} round {header.round} seq {header.seq}"
+            if header.round < self.version:
+                # A re-send of an update already applied to an older version: the agent
+                # never saw the versions since (e.g. a restart recovered a version that was
+                # persisted but not yet published, and ZeroMQ dropped the start-up snapshot
+                # before the agent re-subscribed). Without the model it would re-send forever.
+                eff = self._reject("duplicate", detail, agent)
+                out = (self.snapshot_message(), *self.state_controls())
+                return Effects(outbound=out, reason=eff.reason)
+            raise _Reject("duplicate", detail)
         if self.state == "finished":
             raise _Reject("finished")
         if header.round > self.version:

@@ -1,0 +1,510 @@
+"""Helpers for the end-to-end and crash tests: a real uvicorn aggregator, real agent processes.
+
+Everything listens on 127.0.0.1 and every wait is bounded. Processes write their output to
+files in the test's directory (no pipes to fill up); :class:`Fleet` kills whatever is still
+running when the test ends, by process object, never by name.
+
+The problem is small on purpose (1500 rows x 1000 features, three shards): a round takes a
+few milliseconds, so the tests spend their time in process start-up, not in training.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from helpers import HOST, free_port, free_port_pair
+
+from aggregator.optimum import solve_optimum
+from aggregator.rounds import EngineConfig, RoundEngine
+from edge_agent.agent import Agent, AgentConfig, FeedbackName
+from edge_agent.data import load_dataset, make_rcv1_like, split_shards, write_libsvm
+from edge_agent.models import make_model
+from edge_agent.profiles import resolve_profile
+from edge_agent.transports import drop_broker, open_transport, topics
+
+#: one radio per agent, all shipped profiles with a non-zero energy model
+PROFILES = ("lorawan_eu868_dr5_sf7", "ble5_2m_dle_notify", "nbiot_udp_psm_rai")
+AGENT_IDS = ("agent-0", "agent-1", "agent-2")
+L2 = 1e-3
+TOKEN = "e2e-test-token-0123456789abcdef"
+
+
+# --------------------------------------------------------------------------- the problem
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Generated RCV1-like data on disk: the full set (evaluation) and one shard per agent."""
+
+    full: Path
+    shards: tuple[Path, ...]
+    features: int
+    f0: float  # loss at x = 0
+    f_star: float  # L-BFGS optimum
+
+    def target_loss(self, rel_subopt: float) -> float:
+        """The loss at relative suboptimality ``(f - f*) / (f(0) - f*) = rel_subopt``."""
+        return self.f_star + rel_subopt * (self.f0 - self.f_star)
+
+
+def make_problem(
+    workdir: Path, *, rows: int = 1500, features: int = 1000, agents: int = 3, seed: int = 0
+) -> Problem:
+    rng = np.random.default_rng(seed)
+    full = make_rcv1_like(rows, features, rng=rng, nnz_per_row=74.0)
+    workdir.mkdir(parents=True, exist_ok=True)
+    full_path = workdir / "full.svm"
+    write_libsvm(full, full_path)
+    shard_paths = []
+    for i, shard in enumerate(split_shards(full, agents, rng=rng)):
+        path = workdir / f"shard-{i}.svm"
+        write_libsvm(shard, path)
+        shard_paths.append(path)
+    # the aggregator evaluates on what it reads back from the file: do the same here
+    data = load_dataset(full_path, n_features=features)
+    model = make_model("logreg", n_features=features, l2=L2)
+    _, f_star = solve_optimum(model, data)
+    f0 = model.loss(np.zeros(model.d), data)
+    return Problem(full_path, tuple(shard_paths), features, float(f0), float(f_star))
+
+
+# --------------------------------------------------------------------------- waiting
+
+
+def wait_until(
+    cond: Callable[[], bool],
+    timeout_s: float,
+    what: str,
+    *,
+    poll_s: float = 0.05,
+    diagnose: Callable[[], str] | None = None,
+) -> None:
+    """Poll ``cond`` until it is true; AssertionError naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(poll_s)
+    extra = f"\n{diagnose()}" if diagnose is not None else ""
+    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}{extra}")
+
+
+def tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _clean_env(extra: dict[str, str]) -> dict[str, str]:
+    """The parent environment without any AGG_* (a developer's settings must not leak in)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGG_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+# --------------------------------------------------------------------------- processes
+
+
+class AggregatorProcess:
+    """``uvicorn aggregator.app:app`` with ``AGG_*`` settings; restartable on the same ports."""
+
+    def __init__(self, workdir: Path, settings: dict[str, str], *, http_port: int | None = None):
+        self.workdir = workdir
+        self.settings = settings
+        self.port = http_port if http_port is not None else free_port()
+        self.base = f"http://{HOST}:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        self.http = httpx.Client(base_url=self.base, timeout=5.0)
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / f"aggregator-{self.starts}.log"
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        """Start and wait until ``/healthz`` answers 200."""
+        assert self.proc is None or self.proc.poll() is not None, "already running"
+        self.starts += 1
+        cmd = [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "aggregator.app:app",
+            "--host",
+            HOST,
+            "--port",
+            str(self.port),
+            "--log-level",
+            "warning",
+        ]
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                cmd,
+                env=_clean_env(self.settings),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.workdir,
+            )
+        wait_until(self._healthy, timeout_s, "the aggregator's /healthz", diagnose=self.diagnose)
+
+    def _healthy(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(
+                f"the aggregator exited with {self.proc.returncode}:\n{tail(self.log_path)}"
+            )
+        try:
+            return self.http.get("/healthz", timeout=1.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self, timeout_s: float = 10.0) -> None:
+        """SIGKILL: no shutdown hook, no flush; wait until the process is gone."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=timeout_s)
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM (uvicorn's orderly shutdown), SIGKILL after ``timeout_s``."""
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout_s)
+
+    def close(self) -> None:
+        self.stop()
+        self.http.close()
+
+    def get(self, path: str, **params: Any) -> Any:
+        r = self.http.get(path, params=params)
+        r.raise_for_status()
+        return r.json()
+
+    def status(self) -> dict[str, Any]:
+        return dict(self.get("/status"))
+
+    def history(self) -> list[dict[str, Any]]:
+        """Every committed round, oldest first (pages of 1000)."""
+        rows: list[dict[str, Any]] = []
+        while True:
+            page = self.get("/history", since=rows[-1]["version"] if rows else 0, limit=1000)
+            rows.extend(page["rounds"])
+            if len(page["rounds"]) < 1000:
+                return rows
+
+    def model(self) -> tuple[int, bytes]:
+        """(X-Model-Version, the raw .npy body)."""
+        r = self.http.get("/model")
+        r.raise_for_status()
+        return int(r.headers["X-Model-Version"]), r.content
+
+    def metrics(self) -> dict[str, float]:
+        """Prometheus samples as ``{'name{labels}': value}`` (comments skipped)."""
+        r = self.http.get("/metrics")
+        r.raise_for_status()
+        return parse_metrics(r.text)
+
+    def diagnose(self) -> str:
+        return f"aggregator log ({self.log_path.name}):\n{tail(self.log_path)}"
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*(?:\{[^}]*\})?) (\S+)$")
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m:
+            out[m.group(1)] = float(m.group(2))
+    return out
+
+
+@dataclass
+class AgentProcess:
+    """One ``edge-agent run``; ``summary()`` is the JSON line it prints on exit."""
+
+    agent_id: str
+    profile: str
+    proc: subprocess.Popen[bytes]
+    out_path: Path
+    err_path: Path
+    model_path: Path
+
+    def summary(self) -> dict[str, Any]:
+        lines = self.out_path.read_text().strip().splitlines()
+        return dict(json.loads(lines[-1])) if lines else {}
+
+    def saved_model(self) -> np.ndarray[Any, Any]:
+        return np.load(self.model_path, allow_pickle=False)
+
+    def diagnose(self) -> str:
+        return f"{self.agent_id} stderr:\n{tail(self.err_path, 10)}"
+
+
+@dataclass
+class Fleet:
+    """The agent processes of one test; ``close()`` kills what is still running."""
+
+    workdir: Path
+    agents: list[AgentProcess] = field(default_factory=list)
+
+    def start_agent(
+        self,
+        *,
+        server: str,
+        job: str,
+        index: int,
+        shard: Path,
+        features: int,
+        feedback: FeedbackName,
+        resend_s: float,
+    ) -> AgentProcess:
+        agent_id, profile = AGENT_IDS[index], PROFILES[index]
+        model_path = self.workdir / f"{agent_id}.npy"
+        out_path, err_path = self.workdir / f"{agent_id}.out", self.workdir / f"{agent_id}.err"
+        cmd = [
+            sys.executable,
+            "-m",
+            "edge_agent.cli",
+            "run",
+            "--server",
+            server,
+            "--job",
+            job,
+            "--agent-id",
+            agent_id,
+            "--profile",
+            profile,
+            "--data",
+            str(shard),
+            "--features",
+            str(features),
+            "--l2",
+            str(L2),
+            "--feedback",
+            feedback,
+            "--seed",
+            str(index),
+            "--duty-cycle",
+            "ignore",
+            "--resend-s",
+            str(resend_s),
+            "--save-model",
+            str(model_path),
+            "--quiet",
+        ]
+        with out_path.open("wb") as out, err_path.open("wb") as err:
+            proc = subprocess.Popen(cmd, env=_clean_env({}), stdout=out, stderr=err)
+        agent = AgentProcess(agent_id, profile, proc, out_path, err_path, model_path)
+        self.agents.append(agent)
+        return agent
+
+    def check_running(self) -> None:
+        """AssertionError if an agent already exited (the job is not finished yet)."""
+        for a in self.agents:
+            if a.proc.poll() is not None:
+                raise AssertionError(
+                    f"{a.agent_id} exited early with {a.proc.returncode}\n{a.diagnose()}"
+                )
+
+    def wait(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for a in self.agents:
+            try:
+                a.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise AssertionError(
+                    f"{a.agent_id} did not exit within {timeout_s:g} s\n{a.diagnose()}"
+                ) from None
+
+    def diagnose(self) -> str:
+        return "\n".join(a.diagnose() for a in self.agents)
+
+    def close(self) -> None:
+        for a in self.agents:
+            if a.proc.poll() is None:
+                a.proc.kill()
+                a.proc.wait(timeout=10)
+
+
+@contextmanager
+def running(aggregator: AggregatorProcess, fleet: Fleet) -> Iterator[None]:
+    """Stop every process of the test on the way out, whatever happened."""
+    try:
+        yield
+    finally:
+        fleet.close()
+        aggregator.close()
+
+
+def server_url(transport: str, request: Any) -> str:
+    """``zmq+tcp://127.0.0.1:<free pair>``, or the ``mosquitto`` fixture's URL (it skips
+    the test when the broker is not installed)."""
+    if transport == "zmq":
+        return f"zmq+tcp://{HOST}:{free_port_pair()}"
+    return str(request.getfixturevalue("mosquitto").url)
+
+
+def aggregator_settings(
+    problem: Problem, *, job: str, server: str, data_dir: Path, **more: object
+) -> dict[str, str]:
+    """``AGG_*`` for a three-agent job on ``problem``; ``more`` adds ``AGG_<KEY>`` values."""
+    env = {
+        "AGG_JOB": job,
+        "AGG_D": str(problem.features),
+        "AGG_L2": str(L2),
+        "AGG_TRANSPORTS": server,
+        "AGG_DATA_DIR": str(data_dir),
+        "AGG_EVAL_DATA": str(problem.full),
+        "AGG_MIN_AGENTS": str(len(problem.shards)),
+    }
+    env.update({f"AGG_{k.upper()}": str(v) for k, v in more.items()})
+    return env
+
+
+def wait_finished(agg: AggregatorProcess, fleet: Fleet, timeout_s: float) -> dict[str, Any]:
+    """Poll /status until the job is finished; fail early if a process died."""
+    last: dict[str, Any] = {}
+
+    def finished() -> bool:
+        nonlocal last
+        if not agg.alive():
+            raise AssertionError(f"the aggregator died\n{agg.diagnose()}")
+        last = agg.status()
+        if last["state"] != "finished":
+            fleet.check_running()
+        return bool(last["state"] == "finished")
+
+    wait_until(
+        finished,
+        timeout_s,
+        "the job to finish",
+        poll_s=0.1,
+        diagnose=lambda: f"last status: {last}\n{agg.diagnose()}\n{fleet.diagnose()}",
+    )
+    return last
+
+
+def assert_models_identical(agg: AggregatorProcess, fleet: Fleet) -> np.ndarray[Any, Any]:
+    """GET /model equals every agent's saved copy bit for bit; returns the model."""
+    version, body = agg.model()
+    x = np.load(io.BytesIO(body), allow_pickle=False)
+    assert x.dtype == np.float64
+    for a in fleet.agents:
+        copy = a.saved_model()
+        assert copy.dtype == np.float64 and copy.shape == x.shape, a.agent_id
+        assert copy.tobytes() == x.tobytes(), (
+            f"{a.agent_id}'s copy differs from /model v{version} in "
+            f"{int(np.count_nonzero(copy != x))} entries"
+        )
+    return x
+
+
+# --------------------------------------------------------------------------- a reference run
+
+
+def reference_run(
+    problem: Problem, *, job: str, feedback: FeedbackName, rounds: int
+) -> tuple[list[float], np.ndarray[Any, Any]]:
+    """The same job without processes or failures: the same shards, seeds, profiles and
+    :class:`RoundEngine`, the real :class:`Agent` code over ``memory://``, pumped one round
+    at a time. Returns (loss after each version 1..rounds, the final model).
+
+    ``job`` must be the real job's id: it is in every update's header, so it changes the
+    message sizes CAT prices, and with them the T it picks."""
+    name = f"e2e-ref-{uuid.uuid4().hex[:8]}"
+    url = f"memory://{name}"
+    full = load_dataset(problem.full, n_features=problem.features)
+    eval_model = make_model("logreg", n_features=problem.features, l2=L2)
+    engine = RoundEngine(
+        EngineConfig(
+            job=job, d=problem.features, min_agents=len(problem.shards), max_rounds=rounds
+        ),
+        evaluator=lambda x: (eval_model.loss(x, full), eval_model.accuracy(x, full)),
+        profiles=resolve_profile,
+    )
+    agg = open_transport(url, role="aggregator", client_id="reference")
+    agents: list[Agent] = []
+    losses: list[float] = []
+    try:
+        agg.connect()
+        for pattern in topics.agent_inbound(job):
+            agg.subscribe(pattern)
+        for i, shard in enumerate(problem.shards):
+            data = load_dataset(shard, n_features=problem.features)
+            agent = Agent(
+                AgentConfig(
+                    job=job,
+                    agent_id=AGENT_IDS[i],
+                    feedback=feedback,
+                    seed=i,
+                    duty_cycle="ignore",
+                    resend_s=None,
+                ),
+                model=make_model("logreg", n_features=data.n_features, l2=L2),
+                data=data,
+                profile=resolve_profile(PROFILES[i]),
+                transport=open_transport(url, role="agent", client_id=AGENT_IDS[i]),
+            )
+            agent.start()
+            agents.append(agent)
+
+        def pump(now: float) -> None:
+            effects = []
+            while (m := agg.recv(timeout_s=0)) is not None:
+                effects.append(engine.handle(m.topic, m.payload, now))
+            effects.append(engine.tick(now))
+            for eff in effects:
+                if eff.committed is not None and eff.committed.loss is not None:
+                    losses.append(eff.committed.loss)
+                for out in eff.outbound:
+                    agg.publish(out.topic, out.payload, retain=out.retain)
+
+        now = 0.0
+        for _ in range(rounds + 2):
+            now += 0.001
+            pump(now)
+            for agent in agents:
+                while (m := agent.transport.recv(timeout_s=0)) is not None:
+                    agent.handle(m)
+                agent.step()
+            pump(now)
+            if engine.state == "finished":
+                break
+        assert engine.version == rounds, f"the reference stopped at version {engine.version}"
+        return losses, engine.x.copy()
+    finally:
+        for agent in agents:
+            agent.transport.close()
+        agg.close()
+        drop_broker(name)
+
+
+def versions(rows: Sequence[dict[str, Any]]) -> list[int]:
+    return [int(r["version"]) for r in rows]

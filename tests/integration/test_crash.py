@@ -1,0 +1,177 @@
+"""The aggregator is SIGKILLed mid-run and restarted on the same data dir and ports.
+
+What a restart guarantees (docs/http-api.md, "Durability"): every state-changing input is
+journaled, and every committed version is in the journal (and, every
+``AGG_CHECKPOINT_EVERY`` versions, a checkpoint) *before* anything about it is published.
+So every version an agent (or ``/history``, written after the checkpoint) ever saw survives
+the crash; a version the engine had committed in memory but not yet persisted may be lost
+and is then recomputed from the same inputs. What was only in flight (queued in the dead
+process, in the transport) is lost and comes back through the agents' re-sends.
+
+Checked here, with the agents left running throughout (re-send after 2 s of silence):
+
+* ``/status.recovered_from`` names the checkpoint and the version is at least the last one
+  ``/history`` showed before the kill;
+* ``/history`` holds versions 1..N exactly once, and every round has all three agents, one
+  update each (a re-sent update applied twice would show as two, or shift the model);
+* the loss after every version equals that of a crash-free reference run (the same agents
+  and engine in-process over ``memory://``), so no update was lost or applied twice;
+* ``/model`` equals every agent's copy bit for bit, and every agent exits 0, finished.
+
+The checkpoint is written every 5 versions, so recovery replays committed rounds from the
+journal, not only the open one. ZeroMQ (no broker that could hide a lost message) for both
+semantics, and MQTT for plain.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from e2e_helpers import (
+    AGENT_IDS,
+    AggregatorProcess,
+    Fleet,
+    aggregator_settings,
+    assert_models_identical,
+    make_problem,
+    reference_run,
+    running,
+    server_url,
+    versions,
+    wait_finished,
+    wait_until,
+)
+
+from aggregator.rounds import EngineConfig, RoundEngine
+from edge_agent import messages, wire
+from edge_agent.agent import FeedbackName
+from edge_agent.compressors import compress
+from edge_agent.transports import topics
+
+pytestmark = pytest.mark.integration
+
+ROUNDS = 120  # AGG_MAX_ROUNDS: the job's end
+KILL_AT = 30  # SIGKILL once /status shows this version
+
+
+@pytest.mark.parametrize(
+    ("transport", "feedback"),
+    [("zmq", "none"), ("zmq", "ef21"), ("mqtt", "none")],
+)
+def test_aggregator_recovers_from_sigkill_and_the_agents_carry_on(
+    transport: str, feedback: FeedbackName, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    problem = make_problem(tmp_path / "data")
+    url = server_url(transport, request)
+    agg = AggregatorProcess(
+        tmp_path,
+        aggregator_settings(
+            problem,
+            job="crash",
+            server=url,
+            data_dir=tmp_path / "agg",
+            max_rounds=ROUNDS,
+            checkpoint_every=5,
+        ),
+    )
+    fleet = Fleet(tmp_path)
+    with running(agg, fleet):
+        agg.start()
+        for i, shard in enumerate(problem.shards):
+            fleet.start_agent(
+                server=url,
+                job="crash",
+                index=i,
+                shard=shard,
+                features=problem.features,
+                feedback=feedback,
+                resend_s=2,
+            )
+        wait_until(
+            lambda: agg.status()["round"] >= KILL_AT,
+            30,
+            f"version {KILL_AT}",
+            poll_s=0.01,
+            diagnose=lambda: agg.diagnose() + "\n" + fleet.diagnose(),
+        )
+        durable = versions(agg.history())[-1]  # history rows are written after the checkpoint
+        agg.kill()
+        agg.start()  # same data dir, same transport and HTTP ports
+
+        status = agg.status()
+        assert status["recovered_from"] in ("checkpoint.npz", "checkpoint.prev.npz")
+        assert status["model_version"] >= durable >= KILL_AT - 1
+        assert status["agents"] == 3 and status["state"] == "running"
+
+        status = wait_finished(agg, fleet, timeout_s=40)
+        fleet.wait(timeout_s=15)
+        assert status["finish_reason"] == f"reached max_rounds={ROUNDS}"
+        assert status["round"] == ROUNDS
+
+        # --- history: 1..N once each, all three agents with one update each in every round
+        rows = agg.history()
+        assert versions(rows) == list(range(1, ROUNDS + 1))
+        for row in rows:
+            assert row["base_version"] == row["version"] - 1
+            assert row["participants"] == list(AGENT_IDS), row
+            assert {a: row["agents"][a]["updates"] for a in AGENT_IDS} == dict.fromkeys(
+                AGENT_IDS, 1
+            ), row
+        assert status["updates_accepted"] == 3 * ROUNDS
+        metrics = agg.metrics()
+        assert metrics["cat_rounds_total"] == ROUNDS
+        assert metrics["cat_updates_accepted_total"] == 3 * ROUNDS
+        # re-sent updates are expected and must have been dropped, never applied
+        assert metrics['cat_updates_rejected_total{reason="duplicate"}'] >= 0
+        assert metrics['cat_updates_rejected_total{reason="internal_error"}'] == 0
+
+        # --- the same trajectory as a run without a crash
+        ref_losses, ref_x = reference_run(problem, job="crash", feedback=feedback, rounds=ROUNDS)
+        np.testing.assert_allclose([r["loss"] for r in rows], ref_losses, rtol=1e-9, atol=0)
+
+        # --- every agent holds the final model, bit for bit, and finished cleanly
+        x = assert_models_identical(agg, fleet)
+        np.testing.assert_allclose(x, ref_x, rtol=1e-9, atol=1e-12)
+        for a in fleet.agents:
+            assert a.proc.returncode == 0, a.diagnose()
+            summary = a.summary()
+            assert summary["finished"] is True and summary["version"] == ROUNDS, summary
+    assert time.monotonic() - started < 60, "the crash test took longer than 60 s"
+
+
+def test_a_resent_update_for_a_version_the_agent_missed_gets_the_model_back() -> None:
+    """Regression (found by the test above over ZeroMQ, about every other run): the engine
+    recovered a version that was persisted but not yet published, and ZeroMQ dropped the
+    start-up snapshot before the agents re-subscribed. The agents, still at the previous
+    version, re-sent their (already applied) updates, which were dropped as duplicates
+    without an answer: a livelock. Such a duplicate now brings back the snapshot."""
+    job, d = "crash", 8
+    cfg = EngineConfig(job=job, d=d, step_size=0.5, min_agents=2)
+    live = RoundEngine(cfg)
+    g = np.linspace(-1.0, 1.0, d)
+    sent: dict[str, bytes] = {}
+    for agent in ("a", "b"):
+        hello = messages.Hello(
+            job=job, agent=agent, d=d, rows=1, smoothness=1.0, model="logreg", compressor="topk"
+        )
+        assert live.handle(topics.hello(job, agent), messages.dump(hello), 0.0).reason is None
+        sent[agent] = wire.encode(compress(g, "topk", 3), job=job, agent=agent, round=0, seq=0)
+    for agent, blob in sent.items():
+        eff = live.handle(topics.update(job, agent), blob, 1.0)
+    assert eff.committed is not None and eff.committed.version == 1
+    # the crash: version 1 is persisted (a checkpoint here), its delta was never published
+    engine = RoundEngine.restore(cfg, live.export())
+
+    eff = engine.handle(topics.update(job, "a"), sent["a"], 2.0)  # a's re-send, round 0
+
+    assert eff.reason == "duplicate" and eff.committed is None
+    snapshots = [o for o in eff.outbound if o.topic == topics.model(job)]
+    assert len(snapshots) == 1
+    snap = wire.decode_model(snapshots[0].payload)
+    assert isinstance(snap, wire.Snapshot) and snap.version == 1
+    assert snap.x.tobytes() == engine.x.tobytes()
+    assert engine.version == 1 and engine.rejected["duplicate"] == 1  # nothing applied
