@@ -105,14 +105,32 @@ def _bits_of_words(words: npt.NDArray[np.uint64], width: int) -> npt.NDArray[np.
     return ((words[:, None] >> shifts[None, :]) & np.uint64(1)).astype(np.uint8).ravel()
 
 
+_SMALL_BITS = 1 << 15  # up to this many bits, _read_words unpacks (<= 256 KiB of temporaries)
+
+
 def _read_words(
     raw: npt.NDArray[np.uint8], bit_pos: int, count: int, width: int
 ) -> npt.NDArray[np.uint64]:
     """``count`` little-endian words of ``width`` bits (1..64) starting at bit ``bit_pos``.
 
-    Gathers the (up to) nine bytes under each word one byte column at a time, so the
-    temporaries stay a few bytes per word (a decoder must not amplify hostile input).
+    Small blocks (the common case: a few hundred indices) are unpacked bit by bit, which
+    costs few numpy calls; large ones gather the (up to) nine bytes under each word one
+    byte column at a time, so temporaries stay a few bytes per word (a decoder must not
+    amplify hostile input).
     """
+    nbits = count * width
+    if count == 1:
+        first, last = bit_pos >> 3, (bit_pos + width + 7) >> 3
+        value = int.from_bytes(raw[first:last].tobytes(), "little") >> (bit_pos & 7)
+        return np.array([value & ((1 << width) - 1)], dtype=np.uint64)
+    if nbits <= _SMALL_BITS:
+        first = bit_pos >> 3
+        off = bit_pos - 8 * first
+        bits = np.unpackbits(raw[first : (bit_pos + nbits + 7) >> 3], bitorder="little")
+        words = bits[off : off + nbits].reshape(count, width).astype(np.uint64)
+        weights = np.uint64(1) << np.arange(width, dtype=np.uint64)
+        out: npt.NDArray[np.uint64] = (words * weights).sum(axis=1, dtype=np.uint64)
+        return out
     pos = np.arange(count, dtype=np.int64)
     pos *= width
     pos += bit_pos

@@ -9,6 +9,7 @@ encoding. :func:`decode` validates everything and raises only :class:`WireFormat
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +27,7 @@ from edge_agent.errors import WireFormatError
 from edge_agent.indexcode import decode_indices, encode_indices, index_bytes
 
 MAGIC = b"\xca\x7e"
+_ID_RE = re.compile(r"[A-Za-z0-9._-]+")
 VERSION = 1
 TYPE_UPDATE = 1
 TYPE_SNAPSHOT = 2
@@ -150,7 +152,7 @@ class _Reader:
             s = raw.decode("ascii")
         except UnicodeDecodeError:
             raise WireFormatError(f"{what}: not ASCII") from None
-        if not all(c.isalnum() or c in "._-" for c in s):
+        if _ID_RE.fullmatch(s) is None:
             raise WireFormatError(f"{what}: {s!r} has characters outside [A-Za-z0-9._-]")
         return s
 
@@ -176,7 +178,7 @@ class _Reader:
 
 def _ident(s: str, what: str) -> bytes:
     raw = s.encode("ascii", errors="strict") if s.isascii() else b""
-    if not raw or len(raw) > MAX_ID_BYTES or not all(c.isalnum() or c in "._-" for c in s):
+    if not raw or len(raw) > MAX_ID_BYTES or _ID_RE.fullmatch(s) is None:
         raise ValueError(f"{what} {s!r} must be 1..{MAX_ID_BYTES} characters of [A-Za-z0-9._-]")
     return uvarint(len(raw)) + raw
 
