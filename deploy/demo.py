@@ -103,7 +103,7 @@ def start_mosquitto(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
     conf = workdir / "mosquitto.conf"
     user = os.environ.get("USER") or __import__("getpass").getuser()
     conf.write_text(
-        f"listener {port} {HOST}\nallow_anonymous true\nuser {user}\nlog_dest file {workdir / 'mosquitto.log'}\n"
+        f"listener {port} {HOST}\nallow_anonymous true\nset_tcp_nodelay true\nuser {user}\nlog_dest file {workdir / 'mosquitto.log'}\n"
     )
     proc = subprocess.Popen(
         [exe, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

@@ -85,6 +85,7 @@ class MosquittoBroker:
             f"listener {self.port} {HOST}",
             f"allow_anonymous {'true' if allow_anonymous else 'false'}",
             "persistence true",
+            "set_tcp_nodelay true",
             f"persistence_location {persistence_dir}/",
             # Run as ourselves: as root, Mosquitto would otherwise switch to the
             # "mosquitto" user, who cannot write to the test's temporary directory.

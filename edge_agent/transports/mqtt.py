@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import ssl
 import threading
 import time
@@ -48,6 +49,15 @@ from edge_agent.transports.url import OptionReader, parse_url
 log = logging.getLogger(__name__)
 
 QOS = 1
+
+
+def _no_delay(client: paho.Client, userdata: Any, sock: Any) -> None:
+    """Send small messages at once: with Nagle's algorithm each hop of a round (update in,
+    delta out) waited ~40 ms for a delayed ACK on loopback (88 ms rounds vs 8 ms on ZeroMQ)."""
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except (OSError, AttributeError):  # not a TCP socket (e.g. a websocket wrapper)
+        pass
 
 
 class MqttTransport(Transport):
@@ -92,6 +102,7 @@ class MqttTransport(Transport):
         if tls is not None:
             client.tls_set_context(tls)
         client.on_connect = self._on_connect
+        client.on_socket_open = _no_delay
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
         client.on_publish = self._on_publish
