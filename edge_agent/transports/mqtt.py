@@ -28,6 +28,7 @@ default password, ever), and for ``mqtts``: ``ca_file``, ``cert_file``, ``key_fi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -54,10 +55,8 @@ QOS = 1
 def _no_delay(client: paho.Client, userdata: Any, sock: Any) -> None:
     """Send small messages at once: with Nagle's algorithm each hop of a round (update in,
     delta out) waited ~40 ms for a delayed ACK on loopback (88 ms rounds vs 8 ms on ZeroMQ)."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not TCP (e.g. a websocket wrapper)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    except (OSError, AttributeError):  # not a TCP socket (e.g. a websocket wrapper)
-        pass
 
 
 class MqttTransport(Transport):
