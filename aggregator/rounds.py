@@ -142,6 +142,10 @@ class EngineConfig:
     #: also publish the retained snapshot every N versions (0: only on start, on request and
     #: to a rejoining agent). Agents follow deltas; the snapshot is for late joiners.
     snapshot_every: int = 50
+    #: EF21 jobs without a configured step use gamma = ef21_step_factor / L: theory asks
+    #: gamma <= 1/(L (1 + sqrt(beta/theta))), far below 1/L when T << d; 1/(2L) is the
+    #: practical choice ALGORITHM.md names (at 1/L the paper preset diverged on one profile).
+    ef21_step_factor: float = 0.5
 
     def __post_init__(self) -> None:
         topics.validate_id(self.job, "job id")
@@ -157,6 +161,8 @@ class EngineConfig:
             (self.async_apply_every >= 1, "async_apply_every must be >= 1"),
             (self.max_staleness >= 0, "max_staleness must be >= 0"),
             (self.liveness_timeout_s > 0, "liveness_timeout_s must be > 0"),
+            (self.snapshot_every >= 0, "snapshot_every must be >= 0"),
+            (0 < self.ef21_step_factor <= 1, "ef21_step_factor must be in (0, 1]"),
             (
                 self.dedupe_window >= max(1, self.max_staleness),
                 "dedupe_window must be >= max_staleness",
@@ -481,9 +487,11 @@ class RoundEngine:
         return sum(1 for a in self.agents.values() if a.live)
 
     def gamma(self) -> float:
-        """The step size: configured, else 1/L with L = sum n_i L_i / sum n_i over hellos."""
+        """The step size: configured, else 1/L with L = sum n_i L_i / sum n_i over hellos
+        (times ``ef21_step_factor`` in an EF21 job)."""
         if self.config.step_size is not None:
             return self.config.step_size
+        factor = self.config.ef21_step_factor if self.family == "ef21" else 1.0
         hellos = [a.hello for a in self.agents.values()]
         if not hellos:
             return 0.0
@@ -492,7 +500,7 @@ class RoundEngine:
             big_l = sum(h.rows * h.smoothness for h in hellos) / rows
         else:
             big_l = sum(h.smoothness for h in hellos) / len(hellos)
-        return 1.0 / big_l
+        return factor / big_l
 
     def quorum(self, live: int | None = None) -> int:
         n = self.live_agents if live is None else live

@@ -92,6 +92,9 @@ class Settings(BaseSettings):
     dedupe_window: int = Field(1024, ge=1, description="Versions (agent, round, seq) are kept.")
     liveness_timeout_s: float = Field(60.0, gt=0, description="Silent agents count as dead.")
     tick_s: float = Field(0.1, gt=0, le=5.0, description="Deadline/liveness check period.")
+    ef21_step_factor: float = Field(
+        0.5, gt=0, le=1, description="EF21 jobs: step = factor / L unless step_size is set."
+    )
     snapshot_every: int = Field(
         50,
         ge=0,
@@ -199,6 +202,7 @@ class Settings(BaseSettings):
             liveness_timeout_s=self.liveness_timeout_s,
             dedupe_window=max(self.dedupe_window, self.max_staleness),
             snapshot_every=self.snapshot_every,
+            ef21_step_factor=self.ef21_step_factor,
         )
 
     def transport_options(self, url: str) -> dict[str, object]:

@@ -493,3 +493,15 @@ def test_versions_between_snapshots_send_only_the_delta() -> None:
         kinds.append(sorted(o.topic for o in eff.outbound))
     assert kinds[0] == kinds[1] == [topics.delta(JOB)]
     assert kinds[2] == sorted([topics.delta(JOB), topics.model(JOB)])
+
+
+def test_ef21_jobs_default_to_half_the_plain_step() -> None:
+    plain = make_engine(step_size=None)
+    join(plain, "a")
+    ef21 = make_engine(step_size=None)
+    join(ef21, "a", semantics="ef21")
+    assert plain.gamma() > 0
+    assert ef21.gamma() == 0.5 * plain.gamma()
+    configured = make_engine(step_size=0.3)
+    join(configured, "a", semantics="ef21")
+    assert configured.gamma() == 0.3
