@@ -1,0 +1,175 @@
+"""The edge-agent command line: profiles, data, calibrate (run is covered in integration)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import free_port
+
+from edge_agent.cli import main
+from edge_agent.data import load_dataset
+from edge_agent.profiles import list_profiles, load_profile
+
+
+def test_profiles_lists_every_shipped_profile_with_its_choice(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["profiles", "--d", "5000", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert {r["profile"] for r in rows} == {p.name for p in list_profiles()}
+    for r in rows:
+        assert 1 <= r["t"] <= 5000
+        assert r["size_bytes"] < r["dense_size_bytes"]
+
+
+def test_profiles_table_names_the_columns(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["profiles", "lorawan_eu868_dr0_sf12", "--d", "1000"]) == 0
+    out = capsys.readouterr().out
+    assert "lorawan_eu868_dr0_sf12" in out and "T*" in out and "airtime_s" in out
+
+
+def test_data_generate_writes_shards_that_partition_the_rows(tmp_path: Path) -> None:
+    assert (
+        main(
+            [
+                "data",
+                "generate",
+                "--rows",
+                "300",
+                "--features",
+                "500",
+                "--shards",
+                "3",
+                "--out",
+                str(tmp_path),
+                "--full",
+            ]
+        )
+        == 0
+    )
+    shards = [load_dataset(tmp_path / f"shard-{i:03d}.svm", n_features=500) for i in range(3)]
+    full = load_dataset(tmp_path / "full.svm", n_features=500)
+    assert sum(s.n_rows for s in shards) == full.n_rows == 300
+
+
+def test_data_split_of_a_real_libsvm_file(tmp_path: Path) -> None:
+    src = Path(__file__).resolve().parents[1] / "data" / "breast_cancer.svm"
+    assert (
+        main(
+            [
+                "data",
+                "split",
+                str(src),
+                "--shards",
+                "4",
+                "--how",
+                "label",
+                "--out",
+                str(tmp_path),
+                "--format",
+                "npz",
+            ]
+        )
+        == 0
+    )
+    rows = [load_dataset(tmp_path / f"shard-{i:03d}.npz").n_rows for i in range(4)]
+    assert sum(rows) == 569
+
+
+def test_calibrate_measures_a_loopback_link_and_writes_a_valid_profile(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port = free_port()
+    sizes = [16, 256, 4096, 65536]
+    repeats = 3
+    server = threading.Thread(
+        target=main,
+        args=(
+            [
+                "calibrate",
+                "serve",
+                "--bind",
+                f"tcp://127.0.0.1:{port}",
+                "--max-requests",
+                str(1 + len(sizes) * repeats),
+            ],
+        ),
+        daemon=True,
+    )
+    server.start()
+    out = tmp_path / "loopback.json"
+    code = main(
+        [
+            "calibrate",
+            "measure",
+            "--peer",
+            f"tcp://127.0.0.1:{port}",
+            "--name",
+            "loopback",
+            "--out",
+            str(out),
+            "--sizes",
+            ",".join(map(str, sizes)),
+            "--repeats",
+            str(repeats),
+            "--power-w",
+            "0.5",
+        ]
+    )
+    server.join(timeout=30)
+    assert code == 0 and not server.is_alive()
+    profile = load_profile(out)
+    assert profile.kind == "measured" and profile.objective == "energy_j"
+    costs = profile.objective_cost(np.array(sizes, dtype=np.int64))
+    assert np.all(np.diff(costs) >= 0) and costs[0] > 0
+    assert "affine fit" in capsys.readouterr().out
+
+
+def test_calibrate_without_a_peer_fails_with_a_hint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        [
+            "calibrate",
+            "measure",
+            "--peer",
+            f"tcp://127.0.0.1:{free_port()}",
+            "--name",
+            "x",
+            "--out",
+            str(tmp_path / "x.json"),
+            "--sizes",
+            "16",
+            "--repeats",
+            "1",
+            "--timeout-s",
+            "0.3",
+        ]
+    )
+    assert code == 1
+    assert "calibrate serve" in capsys.readouterr().err
+
+
+def test_unknown_policy_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = Path(__file__).resolve().parents[1] / "data" / "breast_cancer.svm"
+    code = main(
+        [
+            "run",
+            "--profile",
+            "ble5_2m_dle_notify",
+            "--data",
+            str(src),
+            "--policy",
+            "greedy",
+            "--server",
+            "memory://cli-test",
+        ]
+    )
+    assert code == 1
+    assert "unknown policy 'greedy'" in capsys.readouterr().err
