@@ -182,6 +182,62 @@ def encode_indices(indices: npt.NDArray[np.integer], d: int) -> bytes:
     return bytes([code]) + np.packbits(bits, bitorder="little").tobytes()
 
 
+_WEIGHTS = [np.uint64(1) << np.arange(w, dtype=np.uint64) for w in range(65)]
+_SMALL_N = 4096
+_ARANGE = np.arange(_SMALL_N, dtype=np.int64)
+_ARANGE.flags.writeable = False
+_TRIT_LIMIT_INT = 3**TRITS_PER_WORD
+_TRIT_BITS_INT = [int(v) for v in _TRIT_BITS]
+
+
+def _words_of_bits(
+    bits: npt.NDArray[np.uint8], start: int, count: int, width: int
+) -> npt.NDArray[np.uint64]:
+    """``count`` little-endian ``width``-bit words from unpacked ``bits`` at ``start``."""
+    out: npt.NDArray[np.uint64] = (
+        bits[start : start + count * width].reshape(count, width) @ _WEIGHTS[width]
+    )
+    return out
+
+
+def _decode_small(raw: npt.NDArray[np.uint8], n: int, b: int, l: int, high_len: int) -> IntArray:
+    """:func:`decode_indices` for a block of at most ``_SMALL_BITS`` bits: everything is
+    unpacked once and each part is a reshape and a product with cached bit weights (the
+    same checks, in the same order, as the general path)."""
+    bits = np.unpackbits(raw, bitorder="little")
+    ones = bits[:high_len].nonzero()[0]
+    if ones.size != n:
+        raise WireFormatError(f"index block: {ones.size} ones in the high part, expected {n}")
+    q = ones
+    q -= _ARANGE[:n] if n <= _SMALL_N else np.arange(n, dtype=np.int64)
+    pos = high_len
+    r = _words_of_bits(bits, pos, n, l).view(np.int64) if l else np.zeros(n, dtype=np.int64)
+    pos += n * l
+    if b == 3:
+        full = n // TRITS_PER_WORD
+        rest = n - full * TRITS_PER_WORD
+        words = np.zeros(full + (1 if rest else 0), dtype=np.uint64)
+        if full:
+            words[:full] = _words_of_bits(bits, pos, full, 64)
+            pos += 64 * full
+            if max(words[:full].tolist()) >= _TRIT_LIMIT_INT:
+                raise WireFormatError("index block: trit word out of range")
+        if rest:
+            width = _TRIT_BITS_INT[rest]
+            last = int.from_bytes(raw[pos >> 3 :].tobytes(), "little") >> (pos & 7)
+            last &= (1 << width) - 1
+            if last >= 3**rest:
+                raise WireFormatError("index block: trit word out of range")
+            words[full] = last
+        # the last word is < 3**rest, so its digits beyond `rest` are zero and cut off
+        digits = (words[:, None] // _POW3[None, :]) % np.uint64(3)
+        r |= digits.ravel()[:n].view(np.int64) << l
+    idx = q
+    idx *= b << l
+    idx += r
+    return idx
+
+
 def decode_indices(buf: bytes | memoryview, offset: int, d: int, n: int) -> tuple[IntArray, int]:
     """Decode n indices from buf[offset:]; return (indices, new offset). Validates everything."""
     if n == 0:
@@ -195,7 +251,8 @@ def decode_indices(buf: bytes | memoryview, offset: int, d: int, n: int) -> tupl
         raise WireFormatError(f"index code: l={l} too large for d={d}")
     m = b << l
     high_len = n + (d - 1) // m
-    total = high_len + n * l + (int(_trit_bits(n)) if b == 3 else 0)
+    trit_bits = 64 * (n // TRITS_PER_WORD) + _TRIT_BITS_INT[n % TRITS_PER_WORD]
+    total = high_len + n * l + (trit_bits if b == 3 else 0)
     nbytes = (total + 7) // 8
     end = offset + 1 + nbytes
     if end > len(buf):
@@ -203,6 +260,14 @@ def decode_indices(buf: bytes | memoryview, offset: int, d: int, n: int) -> tupl
     raw = np.frombuffer(buf, dtype=np.uint8, count=nbytes, offset=offset + 1)
     if total % 8 and raw[-1] >> (total % 8):
         raise WireFormatError("index block: padding bits are not zero")
+    if total <= _SMALL_BITS:
+        idx = _decode_small(raw, n, b, l, high_len)
+        top = int(idx[-1])
+        if top >= d:
+            raise WireFormatError(f"index {top} out of range for d={d}")
+        if n > 1 and not (idx[1:] > idx[:-1]).all():
+            raise WireFormatError("indices not strictly increasing")
+        return idx, end
     # Only the high part is unpacked bit by bit (about 2.5 bits per index); the low part
     # and the trit words are gathered straight from the bytes: memory stays proportionate.
     ones = np.flatnonzero(np.unpackbits(raw[: (high_len + 7) // 8], bitorder="little")[:high_len])

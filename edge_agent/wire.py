@@ -112,6 +112,11 @@ def uvarint_len(n: npt.ArrayLike) -> IntArray:
     return out
 
 
+#: ids (job, agent names) already validated: a decoder sees the same few over and over
+_VALID_IDS: dict[bytes, str] = {}
+_VALID_IDS_MAX = 4096
+
+
 class _Reader:
     __slots__ = ("buf", "pos")
 
@@ -127,6 +132,13 @@ class _Reader:
         return b
 
     def uvarint(self, what: str, limit: int) -> int:
+        pos = self.pos
+        if pos < len(self.buf) and self.buf[pos] < 0x80:  # one byte: the common case
+            n = self.buf[pos]
+            self.pos = pos + 1
+            if n > limit:
+                raise WireFormatError(f"{what}: {n} exceeds {limit}")
+            return n
         n = 0
         shift = 0
         while True:
@@ -148,12 +160,18 @@ class _Reader:
         if n == 0:
             raise WireFormatError(f"{what}: empty")
         raw = self.take(n, what)
+        s = _VALID_IDS.get(raw)
+        if s is not None:
+            return s
         try:
             s = raw.decode("ascii")
         except UnicodeDecodeError:
             raise WireFormatError(f"{what}: not ASCII") from None
         if _ID_RE.fullmatch(s) is None:
             raise WireFormatError(f"{what}: {s!r} has characters outside [A-Za-z0-9._-]")
+        if len(_VALID_IDS) >= _VALID_IDS_MAX:
+            _VALID_IDS.clear()
+        _VALID_IDS[raw] = s
         return s
 
     def take(self, n: int, what: str) -> bytes:
