@@ -2,7 +2,8 @@
 
 Threads:
 
-* one *receiver* per transport moves inbound messages into a shared queue;
+* each transport's own network thread puts inbound messages straight into a shared queue
+  (:meth:`~edge_agent.transports.Transport.deliver_to`);
 * one *ingest* thread is the only writer of engine state. Per batch (everything queued, up
   to ``MAX_BATCH`` messages) it, in this order:
 
@@ -37,7 +38,6 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 
 from aggregator.rounds import (
-    AgentInfo,
     Effects,
     Evaluator,
     FloatArray,
@@ -127,7 +127,6 @@ class AggregatorService:
         self._clock = clock
         self._lock = threading.Lock()
         self._inbox: queue.SimpleQueue[Message | _Command | _Stop] = queue.SimpleQueue()
-        self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._transports: list[Transport] = []
         self._engine: RoundEngine | None = None
@@ -158,6 +157,7 @@ class AggregatorService:
                     **s.transport_options(url),
                 )
                 self._transports.append(t)
+                t.deliver_to(self._inbox.put)
                 t.connect()
                 for pattern in topics.agent_inbound(s.job):
                     t.subscribe(pattern)
@@ -176,11 +176,6 @@ class AggregatorService:
             ]
         )
         self.started_at = self._clock()
-        for t in self._transports:
-            th = threading.Thread(
-                target=self._receive, args=(t,), name=f"recv {t.url}", daemon=True
-            )
-            self._threads.append(th)
         self._threads.append(threading.Thread(target=self._ingest, name="ingest", daemon=True))
         for th in self._threads:
             th.start()
@@ -198,15 +193,11 @@ class AggregatorService:
             return
         self._stop_requested = True
         # The ingest thread finishes what is queued before _STOP (persist, then publish)
-        # while the transports are still open; then the receivers are woken by close().
+        # while the transports are still open (what arrives after _STOP is not applied).
         self._inbox.put(_STOP)
         for th in self._threads:
-            if th.name == "ingest":
-                th.join(timeout_s)
-        self._stopping.set()
-        self._close_transports()
-        for th in self._threads:
             th.join(timeout_s)
+        self._close_transports()
         self._threads.clear()
         if self._store is not None:
             self._store.close()
@@ -265,16 +256,6 @@ class AggregatorService:
         return fut.result(timeout=timeout_s)
 
     # ------------------------------------------------------------------ threads
-
-    def _receive(self, transport: Transport) -> None:
-        while not self._stopping.is_set():
-            try:
-                msg = transport.recv(timeout_s=0.5)
-            except Exception:
-                log.exception("receiving from %s", transport.url)
-                continue
-            if msg is not None:
-                self._inbox.put(msg)
 
     def _ingest(self) -> None:
         tick_s = self.settings.tick_s
@@ -338,9 +319,7 @@ class AggregatorService:
                 checkpoint or eff.changed or self._uncheckpointed >= self.settings.checkpoint_every
             )
             snap = eng.export() if checkpoint else None
-            agents = (
-                [AgentInfo.from_dict(a.to_dict()) for a in eng.agents.values()] if records else []
-            )
+            agents = [a.copy() for a in eng.agents.values()] if records else []
             rejected = dict(eng.rejected)
         hwm = self._store.append_journal(entries)
         if snap is not None:

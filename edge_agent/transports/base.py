@@ -12,6 +12,7 @@ import logging
 import queue
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Final, Literal, Self
@@ -70,6 +71,7 @@ class Transport(ABC):
         self.role: Role = role
         self.client_id: str = client_id
         self._inbox: queue.SimpleQueue[Message | _Closed] = queue.SimpleQueue()
+        self._sink: Callable[[Message], None] | None = None
         self._stats_lock = threading.Lock()
         self._counters = {"published": 0, "received": 0, "reconnects": 0, "dropped": 0}
         self._logged_reasons: set[str] = set()
@@ -121,6 +123,23 @@ class Transport(ABC):
             return None
         return item
 
+    def deliver_to(self, sink: Callable[[Message], None]) -> None:
+        """Hand every inbound message to ``sink`` (e.g. the ``put`` of a consumer's own
+        queue), on the thread that received it, instead of queueing it for :meth:`recv`.
+
+        For a consumer that merges several transports into one queue: it saves a receiver
+        thread and a hand-off per message. Call before :meth:`connect`; messages already
+        queued are handed over first, in order. Afterwards :meth:`recv` only returns None.
+        """
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if not isinstance(item, _Closed):
+                sink(item)
+        self._sink = sink
+
     @property
     def stats(self) -> TransportStats:
         with self._stats_lock:
@@ -146,7 +165,11 @@ class Transport(ABC):
     # -- helpers for subclasses ----------------------------------------------------------
 
     def _deliver(self, message: Message) -> None:
-        self._inbox.put(message)
+        sink = self._sink
+        if sink is None:
+            self._inbox.put(message)
+        else:
+            sink(message)
         with self._stats_lock:
             self._counters["received"] += 1
 
