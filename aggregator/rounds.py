@@ -54,7 +54,7 @@ import json
 import logging
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Final, Literal
 
 import numpy as np
@@ -210,7 +210,7 @@ class Spend:
         self.dense_energy_j += other.dense_energy_j
 
     def to_dict(self) -> dict[str, float | int]:
-        return asdict(self)
+        return dict(vars(self))  # every field is a number: no deep copy needed
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Spend:
@@ -303,9 +303,15 @@ class AgentInfo:
     spend: Spend = field(default_factory=Spend)
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
+        # not asdict(): it deep-copies the (immutable) pydantic hello on every call
+        out = dict(vars(self))
         out["hello"] = self.hello.model_dump(mode="json")
+        out["spend"] = self.spend.to_dict()
         return out
+
+    def copy(self) -> AgentInfo:
+        """An independent copy (the hello is immutable and shared)."""
+        return replace(self, spend=replace(self.spend))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AgentInfo:
@@ -332,6 +338,11 @@ Evaluator = Callable[[FloatArray], tuple[float, float | None]]
 ProfileLookup = Callable[[str], CostProfile | None]
 
 _STATE_FORMAT: Final = 1
+
+
+def _uvarint_len(n: int) -> int:
+    """``len(wire.uvarint(n))`` for n >= 0."""
+    return 1 if n < 0x80 else (n.bit_length() + 6) // 7
 
 
 def _family(semantics: str) -> Family:
@@ -387,6 +398,8 @@ class RoundEngine:
         self._profile_cache: dict[str, CostProfile | None] = {}
         self._price_cache: dict[tuple[str, int], tuple[float, int, float, float]] = {}
         self._dense_cache: dict[tuple[str, int, int], int] = {}
+        #: priced Spend per (profile, size, dense size): shared, never mutated
+        self._spend_cache: dict[tuple[str | None, int, int], Spend] = {}
         self._logged: set[str] = set()
         self._evaluate()
 
@@ -707,7 +720,7 @@ class RoundEngine:
 
     def _price(self, info: AgentInfo, header: wire.UpdateHeader, size: int) -> Spend:
         # The dense size depends on round and seq only through their varint lengths.
-        key = (header.agent, len(wire.uvarint(header.round)), len(wire.uvarint(header.seq)))
+        key = (header.agent, _uvarint_len(header.round), _uvarint_len(header.seq))
         dense_size = self._dense_cache.get(key)
         if dense_size is None:
             if len(self._dense_cache) > 65536:
@@ -724,8 +737,14 @@ class RoundEngine:
                     value_dtype="float32",
                 )
             )
-        spend = Spend(updates=1, bytes=size, dense_bytes=dense_size)
         profile = self._profile(info.hello.profile)
+        skey = (None if profile is None else profile.name, size, dense_size)
+        cached = self._spend_cache.get(skey)
+        if cached is not None:
+            return cached
+        if len(self._spend_cache) > 65536:
+            self._spend_cache.clear()
+        spend = self._spend_cache[skey] = Spend(updates=1, bytes=size, dense_bytes=dense_size)
         if profile is not None:
             spend.bits, spend.packets, spend.airtime_s, spend.energy_j = self._cost(profile, size)
             (

@@ -135,7 +135,7 @@ def _digest(arrays: dict[str, np.ndarray[Any, Any]], meta: bytes) -> str:
         h.update(name.encode())
         h.update(str(arr.dtype).encode())
         h.update(repr(arr.shape).encode())
-        h.update(arr.tobytes())
+        h.update(arr.reshape(-1).view(np.uint8).data)  # the bytes of arr.tobytes(), no copy
     h.update(meta)
     return h.hexdigest()
 

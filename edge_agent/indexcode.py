@@ -18,6 +18,8 @@ travels in one byte, so a decoder needs no search. With b in {1, 3} the code is 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import numpy.typing as npt
 
@@ -64,8 +66,11 @@ def _band(d: int, n: IntArray) -> tuple[IntArray, IntArray]:
     return np.broadcast_to(b, l.shape), l
 
 
+@functools.lru_cache(maxsize=4096)
 def best_code(d: int, n: int) -> tuple[int, int, int]:
-    """Return (b, l, bits) of the cheapest code for n indices out of d (ties: b=1, smaller l)."""
+    """Return (b, l, bits) of the cheapest code for n indices out of d (ties: b=1, smaller l).
+
+    Cached: a pure function of (d, n), and every delta the aggregator encodes asks again."""
     if n == 0:
         return 1, 0, 0
     nn = np.array([n], dtype=np.int64)
