@@ -363,6 +363,7 @@ class RunResult:
                 "final_suboptimality": tr.subopt[-1],
                 "stop_reason": self.stop_reason,
                 "step_size": self.step_size,
+                "models_equal": self.models_equal,
                 "selection_s": self.selection_s,
                 "selection_s_per_round": self.selection_s / max(1, self.rounds_run + 1),
                 "wall_s": self.wall_s,
@@ -396,6 +397,7 @@ def run_method(
     targets: Sequence[float],
     max_rounds: int,
     step_size: float | None = None,
+    ef21_step_factor: float = 0.5,
     eval_every: int = 0,
     progress: ProgressFn | None = None,
 ) -> RunResult:
@@ -412,6 +414,7 @@ def run_method(
             d=model.d,
             model=model.kind,
             step_size=step_size,
+            ef21_step_factor=ef21_step_factor,
             min_agents=n,
             quorum_fraction=1.0,
             round_deadline_s=1e18,
@@ -518,6 +521,8 @@ def run_method(
         if after != control_messages:
             raise RuntimeError("agents sent control messages after the start (resends?)")
         models_equal = all(a.x is not None and np.array_equal(a.x, engine.x) for a in agents)
+        if not models_equal:  # the protocol guarantees bit-identical copies: never let drift pass
+            raise RuntimeError(f"{method}: an agent's model differs from the aggregator's")
         return RunResult(
             method=method,
             fleet=fleet,
@@ -767,7 +772,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma list: dense, topk:T, cat-topk, cat-signtopk, dynamic-signtopk, cat-randk, "
         "hybrid-topk:S, each optionally +ef or +ef21",
     )
-    f.add_argument("--step-size", type=float, help="aggregator step (default 1/L from hellos)")
+    f.add_argument(
+        "--step-size",
+        type=float,
+        help="aggregator step for every method (default: the engine's, 1/L from the hellos, "
+        "times --ef21-step-factor for +ef21 methods)",
+    )
+    f.add_argument(
+        "--ef21-step-factor",
+        type=float,
+        default=0.5,
+        help="EF21 methods step with factor/L unless --step-size is given (AGG_EF21_STEP_FACTOR)",
+    )
     r = p.add_argument_group("stopping and evaluation")
     r.add_argument("--max-rounds", type=int, default=2000, help="rounds per method at most")
     r.add_argument(
@@ -897,6 +913,7 @@ def _run(args: argparse.Namespace) -> int:
                 targets=targets,
                 max_rounds=case.max_rounds,
                 step_size=args.step_size,
+                ef21_step_factor=args.ef21_step_factor,
                 eval_every=args.eval_every,
                 progress=bar.update,
             )
