@@ -185,6 +185,17 @@ def select(
             if (
                 k_seen == t_max
                 or _beyond_bound(compressor, mags, cand.size, tau, total, price, t_max) <= best
+                or _beyond_bound(
+                    compressor,
+                    mags,
+                    cand.size,
+                    tau,
+                    total,
+                    price,
+                    t_max,
+                    _levels(absg, sample, stride, cand.size),
+                )
+                <= best
             ):
                 top = (
                     cand
@@ -260,6 +271,22 @@ def _threshold(sample: FloatArray, stride: int, want: int) -> float:
     return float(sample[pos])
 
 
+def _levels(
+    absg: FloatArray, sample: FloatArray, stride: int, seen: int
+) -> tuple[FloatArray, IntArray]:
+    """Exact counts of |g| >= tau_k for a few lower thresholds tau_k (about 4, 16, 64 times
+    the seen count, read off the sample): each costs one comparison pass, far less than a
+    wider threshold pass with its sort and pricing."""
+    taus, counts = [], []
+    want = 4 * seen
+    while want // stride < sample.size - 1 and len(taus) < 3:
+        tau_k = float(sample[want // stride])
+        taus.append(tau_k)
+        counts.append(int(np.count_nonzero(absg >= tau_k)))
+        want *= 4
+    return np.array(taus, dtype=np.float64), np.array(counts, dtype=np.int64)
+
+
 def _beyond_bound(
     compressor: str,
     mags: FloatArray,
@@ -268,12 +295,15 @@ def _beyond_bound(
     total: float,
     price: Price,
     t_max: int,
+    levels: tuple[FloatArray, IntArray] | None = None,
 ) -> float:
     """An upper bound on gain(T)/cost(T) for every T in (seen, t_max].
 
     Unseen entries are all < tau. On each interval [a, b] of a geometric grid the gain is
     at most its value at b under that bound (capped by the total) and the cost at least
-    cost(a), since cost is nondecreasing in T.
+    cost(a), since cost is nondecreasing in T. With ``levels`` (thresholds tau_k below tau
+    and the exact counts of entries >= tau_k) the unseen entries are bounded band by band:
+    the next (count_1 - seen) entries by tau, the following ones by tau_1, and so on.
     """
     starts = [seen + 1]
     while starts[-1] <= t_max:
@@ -281,13 +311,24 @@ def _beyond_bound(
     a = np.array(starts[:-1], dtype=np.int64)
     b = np.array(starts[1:], dtype=np.int64) - 1
     b = np.minimum(b, t_max)
+    tops = np.array([tau], dtype=np.float64)
+    sizes = np.zeros(0, dtype=np.int64)
+    if levels is not None and levels[0].size:
+        tops = np.concatenate([tops, levels[0]])
+        sizes = np.diff(np.concatenate([[seen], levels[1]]))
+    value = tops * tops if compressor == "topk" else tops
+    # extra(j): the most the next j unseen entries can add; piecewise linear in j
+    xs = np.concatenate([[0], np.cumsum(sizes), [max(t_max, 1) + int(sizes.sum()) + 1]])
+    ys = np.concatenate([[0.0], np.cumsum(sizes * value[:-1]), [0.0]])
+    ys[-1] = ys[-2] + (xs[-1] - xs[-2]) * value[-1]
+    extra = np.interp((b - seen).astype(np.float64), xs.astype(np.float64), ys)
     if compressor == "topk":
         base = float(np.einsum("i,i->", mags, mags))
-        gain = np.minimum(base + (b - seen) * tau * tau, total)
+        gain = np.minimum(base + extra, total)
     else:
         base = float(mags.sum())
-        gain = np.minimum(base + (b - seen) * tau, total) ** 2 / a
-    return float((gain / price(a)).max())
+        gain = np.minimum(base + extra, total) ** 2 / a
+    return float((gain / price(a)).max()) * (1 + 1e-12)
 
 
 def dynamic_t(g: npt.ArrayLike, *, t_max: int | None = None) -> int:
