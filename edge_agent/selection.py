@@ -277,7 +277,8 @@ def _levels(
     """Exact counts of |g| >= tau_k for a few lower thresholds tau_k (about 4, 16, 64 times
     the seen count, read off the sample): each costs one comparison pass, far less than a
     wider threshold pass with its sort and pricing."""
-    taus, counts = [], []
+    taus: list[float] = []
+    counts: list[int] = []
     want = 4 * seen
     while want // stride < sample.size - 1 and len(taus) < 3:
         tau_k = float(sample[want // stride])
