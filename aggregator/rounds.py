@@ -659,9 +659,12 @@ class RoundEngine:
         else:
             contributes = contributes and staleness <= cfg.max_staleness
         if not ef21 and not contributes:
-            raise _Reject(
-                "paused" if self.state == "paused" else "stale", f"{agent}: round {header.round}"
-            )
+            if self.state == "paused":
+                raise _Reject("paused", f"{agent}: round {header.round}")
+            # The round closed without this agent (deadline + quorum) and it may have missed
+            # the delta: answer with the model, or it would re-send this update forever.
+            eff = self._reject("stale", f"{agent}: round {header.round}", agent)
+            return Effects(outbound=(self.snapshot_message(),), reason=eff.reason)
         if ef21 and sync and contributes and agent in self._contrib:
             contributes = False  # a second change for the same round: state only
         spend = self._price(info, header, len(blob))

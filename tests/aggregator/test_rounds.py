@@ -505,3 +505,17 @@ def test_ef21_jobs_default_to_half_the_plain_step() -> None:
     configured = make_engine(step_size=0.3)
     join(configured, "a", semantics="ef21")
     assert configured.gamma() == 0.3
+
+
+def test_a_stale_update_is_answered_with_the_model() -> None:
+    """An agent left behind by a deadline close gets the snapshot instead of silence."""
+    eng = make_engine(round_deadline_s=1.0, quorum_fraction=0.5)
+    join(eng, "a", "b")
+    eng.handle(*upd("a", topk_update(G_A, 5)), 0.5)
+    eng.tick(2.0)  # deadline with quorum: version 1 without b
+    assert eng.version == 1
+    eff = eng.handle(*upd("b", topk_update(G_A, 5)), 2.5)
+    assert eff.reason == "stale"
+    (snap_msg,) = [o for o in eff.outbound if o.topic == topics.model(JOB)]
+    snap = wire.decode_model(snap_msg.payload)
+    assert isinstance(snap, wire.Snapshot) and snap.version == 1
