@@ -96,6 +96,9 @@ REJECT_REASONS: Final[tuple[str, ...]] = (
 MAX_PAYLOAD_BYTES: Final = 256 * 2**20
 
 
+_NO_INDICES: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
+
+
 class _Reject(Exception):
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(reason)
@@ -388,6 +391,9 @@ class RoundEngine:
         self.accuracy: float | None = None
         # the open round
         self._acc: FloatArray = np.zeros(d)
+        #: indices the open round's plain updates touched (None: unknown or all), so a
+        #: step costs O(touched) instead of several passes over d; same floats either way
+        self._touched: list[npt.NDArray[np.int64]] | None = []
         self._contrib: dict[str, int] = {}  # participant -> number of contributing updates
         self._count = 0  # contributing updates (the async K counter)
         self._round_agents: dict[str, dict[str, int]] = {}
@@ -692,6 +698,11 @@ class RoundEngine:
             if not ef21:
                 weight = 1.0 if sync else 1.0 / (1.0 + staleness)
                 update.add_to(self._acc, weight)
+                if self._touched is not None:
+                    if update.indices is None:
+                        self._touched = None
+                    else:
+                        self._touched.append(update.indices)
         if self._opened_at is None and self.state != "waiting":
             self._opened_at = now
         closed = self._maybe_close(now)
@@ -818,13 +829,24 @@ class RoundEngine:
             # would re-apply stale states n/K times per refresh of all agents
             scale = 1.0 if cfg.mode == "sync" else min(1.0, self._count / n)
             x_new = self.x - (gamma * scale / n) * self.sum_h
+        elif self._touched is not None:
+            # x - c*0 == x exactly, so only the touched entries can change
+            idx = np.unique(np.concatenate(self._touched)) if self._touched else _NO_INDICES
+            vals = self.x[idx] - (gamma / self._count) * self._acc[idx]
+            x_new = self.x.copy()
+            x_new[idx] = vals
         else:
             x_new = self.x - (gamma / self._count) * self._acc
-        if not np.isfinite(x_new).all():
+        if self._touched is not None and self.family != "ef21":
+            finite = bool(np.isfinite(vals).all())
+            changed = idx[vals != self.x[idx]]
+        else:
+            finite = bool(np.isfinite(x_new).all())
+            changed = np.flatnonzero(x_new != self.x)
+        if not finite:
             self._finish("diverged: the step produced nan or inf (step size too large?)")
             self._reset_round(now)
             return Effects(outbound=tuple(self.state_controls()), changed=True)
-        changed = np.flatnonzero(x_new != self.x)
         base = self.version
         self.x = x_new
         self.version += 1
@@ -861,7 +883,12 @@ class RoundEngine:
         return Effects(outbound=tuple(out), committed=record)
 
     def _reset_round(self, now: float) -> None:
-        self._acc = np.zeros(self.config.d)
+        if self._touched is None:
+            self._acc = np.zeros(self.config.d)
+        else:
+            for touched in self._touched:
+                self._acc[touched] = 0.0
+        self._touched = []
         self._contrib = {}
         self._count = 0
         self._round_agents = {}
@@ -1013,6 +1040,7 @@ class RoundEngine:
         eng.accuracy = meta["accuracy"]
         rnd = meta["round"]
         eng._acc = snap.acc.astype(np.float64, copy=True)
+        eng._touched = None  # which entries the open round touched is not in the checkpoint
         eng._contrib = {str(k): int(v) for k, v in rnd["contrib"].items()}
         eng._count = int(rnd["count"])
         eng._round_agents = {
