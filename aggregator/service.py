@@ -67,7 +67,7 @@ class _Command:
 
 
 class _Stop:
-    pass
+    """Sentinel put on the ingest queue to end the ingest loop."""
 
 
 _STOP = _Stop()

@@ -7,6 +7,7 @@ status 1 (2 for usage errors, as argparse does).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -138,12 +139,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _peak_rss_mb() -> float | None:
     """Peak resident memory of this process (VmHWM; ru_maxrss would include a forking parent's)."""
-    try:
+    with contextlib.suppress(OSError):  # not Linux: no figure rather than a wrong one
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
     return None
 
 
