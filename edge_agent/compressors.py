@@ -88,10 +88,6 @@ class Update:
             out[self.indices] += vals
 
 
-def _abs(g: FloatArray) -> FloatArray:
-    return np.abs(g)
-
-
 def top_indices(absg: FloatArray, t: int) -> IntArray:
     """Indices of the t largest entries of ``absg``, sorted ascending (ties: any)."""
     d = absg.size
@@ -146,7 +142,7 @@ def compress_topk(
 ) -> Update:
     """Deterministic sparsification: g on its t largest-magnitude entries."""
     _check(g, t)
-    idx = order if order is not None else top_indices(_abs(g), t)
+    idx = order if order is not None else top_indices(np.abs(g), t)
     return Update("topk", g.size, idx, _round(g[idx], value_dtype))
 
 
@@ -163,7 +159,7 @@ def compress_signtopk(
     sign(0) is taken as +1 (the wire has one bit per entry).
     """
     _check(g, t)
-    idx = order if order is not None else top_indices(_abs(g), t)
+    idx = order if order is not None else top_indices(np.abs(g), t)
     if idx.size == 0:
         return Update("signtopk", g.size, idx, np.zeros(0, dtype=np.int8), scale=0.0)
     sel = g[idx]
@@ -210,7 +206,7 @@ def compress_randk(
     _check(g, t)
     if rng is None:
         raise ValueError("randk draws random numbers: pass rng=np.random.default_rng(seed)")
-    absg = _abs(g)
+    absg = np.abs(g)
     norm2 = float(np.einsum("i,i->", g, g))
     if t == 0 or norm2 == 0.0:
         return Update(
