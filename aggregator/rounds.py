@@ -53,6 +53,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Final, Literal
@@ -288,6 +289,13 @@ class Effects:
     reason: str | None = None
 
 
+_TOPIC_CACHE_MAX: Final = 8192
+
+#: shared, immutable results of the common cases (no allocation per message)
+_NOTHING: Final = Effects()
+_JOURNAL_ONLY: Final = Effects(journal=True)
+
+
 @dataclass
 class AgentInfo:
     """The engine's view of one agent (internal, mutable; the API copies it)."""
@@ -348,8 +356,89 @@ def _uvarint_len(n: int) -> int:
     return 1 if n < 0x80 else (n.bit_length() + 6) // 7
 
 
+def _sorted_unique(parts: list[npt.NDArray[np.int64]]) -> npt.NDArray[np.int64]:
+    """The distinct values of ``parts`` (each sorted and distinct), ascending."""
+    if not parts:
+        return _NO_INDICES
+    if len(parts) == 1:
+        return parts[0]
+    idx = np.concatenate(parts)
+    idx.sort()
+    keep = np.empty(idx.size, dtype=bool)
+    keep[0] = True
+    np.not_equal(idx[1:], idx[:-1], out=keep[1:])
+    return idx[keep]
+
+
 def _family(semantics: str) -> Family:
     return "ef21" if semantics == "ef21" else "mean"
+
+
+class _Seen:
+    """De-duplication keys: (agent, round, seq) of every applied update in the window.
+
+    A set per (agent, round) answers "seen before?"; a flat int64 log of
+    ``(agent index, round, seq)`` rows (agent index: position in the engine's agent
+    registry) lets a checkpoint copy every key with one numpy call instead of walking the
+    sets. Rounds older than the window floor are dropped from the sets at once and from the
+    log lazily (at :meth:`rows`, or when it has doubled), so both stay bounded.
+    """
+
+    __slots__ = ("_floor", "_log", "_log_floor", "_logged_rows", "sets")
+
+    def __init__(self) -> None:
+        self.sets: dict[str, dict[int, set[int]]] = {}
+        self._log: array[int] = array("q")
+        self._logged_rows = 0  # rows right after the last compaction
+        self._floor = 0  # rounds below this are gone from the sets
+        self._log_floor = 0  # ... and from the log
+
+    def contains(self, agent: str, round: int, seq: int) -> bool:
+        rounds = self.sets.get(agent)
+        return rounds is not None and seq in rounds.get(round, ())
+
+    def add(self, agent: str, index: int, round: int, seq: int) -> None:
+        self.sets.setdefault(agent, {}).setdefault(round, set()).add(seq)
+        self._log.extend((index, round, seq))
+
+    def forget(self, agent: str, index: int) -> None:
+        """Drop every key of one agent (a fresh rejoin)."""
+        if self.sets.pop(agent, None) is not None:
+            rows = self._rows()
+            self._set_log(rows[rows[:, 0] != index])
+
+    def prune(self, floor: int) -> None:
+        """Forget rounds below ``floor`` (which only grows, one version at a time)."""
+        if floor <= self._floor:
+            return
+        if floor - self._floor <= 64:
+            gone = range(self._floor, floor)
+            for rounds in self.sets.values():
+                for r in gone:
+                    rounds.pop(r, None)
+        else:
+            for rounds in self.sets.values():
+                for r in [r for r in rounds if r < floor]:
+                    del rounds[r]
+        self._floor = floor
+        if len(self._log) > 3 * max(self._logged_rows, 4096):
+            self.rows()
+
+    def rows(self) -> npt.NDArray[np.int64]:
+        """Every key as a (k, 3) int64 array (a copy), compacting the log."""
+        rows = self._rows()
+        if self._log_floor < self._floor:
+            rows = rows[rows[:, 1] >= self._floor]
+            self._set_log(rows)
+            self._log_floor = self._floor
+        return rows.copy()
+
+    def _rows(self) -> npt.NDArray[np.int64]:
+        return np.frombuffer(self._log, dtype=np.int64).reshape(-1, 3)
+
+    def _set_log(self, rows: npt.NDArray[np.int64]) -> None:
+        self._log = array("q", np.ascontiguousarray(rows, dtype=np.int64).tobytes())
+        self._logged_rows = len(rows)
 
 
 class RoundEngine:
@@ -381,7 +470,8 @@ class RoundEngine:
         self.agents: dict[str, AgentInfo] = {}
         self.h: dict[str, FloatArray] = {}
         self.sum_h: FloatArray | None = None
-        self._seen: dict[str, dict[int, set[int]]] = {}
+        self._seen = _Seen()
+        self._agent_index: dict[str, int] = {}  # position in self.agents
         self.accepted = 0
         self.rejected: dict[str, int] = dict.fromkeys(REJECT_REASONS, 0)
         self.rounds = 0
@@ -407,6 +497,7 @@ class RoundEngine:
         #: priced Spend per (profile, size, dense size): shared, never mutated
         self._spend_cache: dict[tuple[str | None, int, int], Spend] = {}
         self._logged: set[str] = set()
+        self._topics: dict[str, topics.Topic] = {}  # parsed topics: each agent uses a few
         self._evaluate()
 
     # ------------------------------------------------------------------ public API
@@ -415,10 +506,15 @@ class RoundEngine:
         """Process one inbound message (any agent topic of this job). Never raises."""
         agent: str | None = None
         try:
-            try:
-                parsed = topics.parse(topic)
-            except ValueError:
-                raise _Reject("unexpected_topic", topic[:80]) from None
+            parsed = self._topics.get(topic)
+            if parsed is None:
+                try:
+                    parsed = topics.parse(topic)
+                except ValueError:
+                    raise _Reject("unexpected_topic", topic[:80]) from None
+                if len(self._topics) >= _TOPIC_CACHE_MAX:
+                    self._topics.clear()
+                self._topics[topic] = parsed
             if parsed.job != self.config.job:
                 raise _Reject("wrong_job", parsed.job)
             if parsed.agent is None:
@@ -563,6 +659,7 @@ class RoundEngine:
                 agent, hello, first_seen=now, last_seen=now, joined_version=self.version
             )
             self.agents[agent] = info
+            self._agent_index[agent] = len(self._agent_index)
         else:
             if hello.fresh:
                 self._reset_agent_state(agent)
@@ -634,8 +731,7 @@ class RoundEngine:
             raise _Reject(
                 "wrong_semantics", f"{agent}: {header.semantics}, hello said {info.hello.semantics}"
             )
-        seen = self._seen.get(agent)
-        if seen is not None and header.seq in seen.get(header.round, ()):
+        if self._seen.contains(agent, header.round, header.seq):
             detail = f"{agent} round {header.round} seq {header.seq}"
             if header.round < self.version:
                 # A re-send of an update already applied to an older version: the agent
@@ -675,7 +771,7 @@ class RoundEngine:
             contributes = False  # a second change for the same round: state only
         spend = self._price(info, header, len(blob))
         # --- apply (nothing below can fail on a validated update)
-        self._seen.setdefault(agent, {}).setdefault(header.round, set()).add(header.seq)
+        self._seen.add(agent, self._agent_index[agent], header.round, header.seq)
         info.last_seen = max(info.last_seen, now)
         info.live = True
         info.state = "online"
@@ -706,12 +802,9 @@ class RoundEngine:
         if self._opened_at is None and self.state != "waiting":
             self._opened_at = now
         closed = self._maybe_close(now)
-        return Effects(
-            outbound=closed.outbound,
-            committed=closed.committed,
-            journal=True,
-            changed=closed.changed,
-        )
+        if closed is _NOTHING:
+            return _JOURNAL_ONLY
+        return replace(closed, journal=True)
 
     # ------------------------------------------------------------------ internals
 
@@ -730,7 +823,7 @@ class RoundEngine:
             self.sum_h -= h
             if not self.h:
                 self.sum_h[:] = 0.0  # exact zero, no rounding residue
-        self._seen.pop(agent, None)
+        self._seen.forget(agent, self._agent_index[agent])
 
     def _price(self, info: AgentInfo, header: wire.UpdateHeader, size: int) -> Spend:
         # The dense size depends on round and seq only through their varint lengths.
@@ -805,12 +898,12 @@ class RoundEngine:
 
     def _maybe_close(self, now: float) -> Effects:
         if self.state != "running" or not self._contrib:
-            return Effects()
+            return _NOTHING
         cfg = self.config
         if cfg.mode == "async":
             if self._count >= cfg.async_apply_every:
                 return self._close(now, "async")
-            return Effects()
+            return _NOTHING
         live = {a for a, info in self.agents.items() if info.live}
         if live <= self._contrib.keys():
             return self._close(now, "all_reported")
@@ -831,10 +924,9 @@ class RoundEngine:
             x_new = self.x - (gamma * scale / n) * self.sum_h
         elif self._touched is not None:
             # x - c*0 == x exactly, so only the touched entries can change
-            idx = np.unique(np.concatenate(self._touched)) if self._touched else _NO_INDICES
+            idx = _sorted_unique(self._touched)
             vals = self.x[idx] - (gamma / self._count) * self._acc[idx]
-            x_new = self.x.copy()
-            x_new[idx] = vals
+            x_new = self.x  # stepped in place below, once the step is known to be finite
         else:
             x_new = self.x - (gamma / self._count) * self._acc
         if self._touched is not None and self.family != "ef21":
@@ -848,7 +940,10 @@ class RoundEngine:
             self._reset_round(now)
             return Effects(outbound=tuple(self.state_controls()), changed=True)
         base = self.version
-        self.x = x_new
+        if x_new is self.x:
+            self.x[idx] = vals
+        else:
+            self.x = x_new
         self.version += 1
         self.rounds += 1
         self._evaluate()
@@ -896,10 +991,7 @@ class RoundEngine:
         self._opened_at = now
 
     def _prune_seen(self) -> None:
-        floor = self.version - self.config.dedupe_window
-        for rounds in self._seen.values():
-            for r in [r for r in rounds if r < floor]:
-                del rounds[r]
+        self._seen.prune(self.version - self.config.dedupe_window)
 
     def _finish(self, reason: str) -> None:
         self.state = "finished"
@@ -939,15 +1031,8 @@ class RoundEngine:
     def export(self) -> EngineSnapshot:
         """A deep copy of the whole state (for a checkpoint)."""
         names = list(self.agents)
-        index = {a: i for i, a in enumerate(names)}
-        rows = [
-            (index[a], r, s)
-            for a, rounds in self._seen.items()
-            if a in index
-            for r, seqs in rounds.items()
-            for s in seqs
-        ]
-        seen = np.array(rows, dtype=np.int64).reshape(-1, 3)
+        self._prune_seen()
+        seen = self._seen.rows()
         h_agents = tuple(self.h)
         d = self.config.d
         h = np.stack([self.h[a] for a in h_agents]) if h_agents else np.zeros((0, d))
@@ -1030,6 +1115,7 @@ class RoundEngine:
         eng.family = meta["family"]
         agent_list = [AgentInfo.from_dict(a) for a in meta["agents"]]
         eng.agents = {a.agent: a for a in agent_list}
+        eng._agent_index = {a.agent: i for i, a in enumerate(agent_list)}
         eng.accepted = int(meta["accepted"])
         eng.rejected = {**dict.fromkeys(REJECT_REASONS, 0), **meta["rejected"]}
         eng.rounds = int(meta["rounds"])
@@ -1051,7 +1137,8 @@ class RoundEngine:
         eng.h = {a: snap.h[i].astype(np.float64, copy=True) for i, a in enumerate(snap.h_agents)}
         eng.sum_h = snap.sum_h.astype(np.float64, copy=True) if snap.sum_h.size else None
         for ai, r, s in snap.seen.tolist():
-            eng._seen.setdefault(agent_list[ai].agent, {}).setdefault(r, set()).add(s)
+            eng._seen.add(agent_list[ai].agent, ai, r, s)
+        eng._prune_seen()
         return eng
 
 

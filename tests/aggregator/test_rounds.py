@@ -535,3 +535,47 @@ def test_sparse_step_equals_the_dense_step_bit_for_bit() -> None:
                 eng.handle(*upd(agent, u, round=r, seq=r), float(r))
     assert sparse.version == dense.version == 5
     assert sparse.x.tobytes() == dense.x.tobytes()
+
+
+# ---------------------------------------------------------------- de-duplication keys
+
+
+def _keys(eng: RoundEngine) -> set[tuple[str, int, int]]:
+    names = list(eng.agents)
+    return {(names[a], r, s) for a, r, s in eng.export().seen.tolist()}
+
+
+def test_checkpoint_keys_are_exactly_the_window_after_pruning_and_a_fresh_rejoin() -> None:
+    # async, K=1: every accepted update is a version; window of 3 versions
+    eng = make_engine(mode="async", async_apply_every=1, max_staleness=3, dedupe_window=3)
+    join(eng, "a", "b")
+    for seq in range(6):
+        for agent, g in (("a", G_A), ("b", G_B)):
+            r = eng.version
+            assert eng.handle(*upd(agent, topk_update(g, 3), round=r, seq=seq), 1.0).reason is None
+    floor = eng.version - 3
+    keys = _keys(eng)
+    assert keys and all(r >= floor for _, r, _ in keys)  # older rounds were pruned
+    assert {a for a, _, _ in keys} == {"a", "b"}
+    # what is kept still de-duplicates: re-send b's newest update
+    last = max((r, s) for a, r, s in keys if a == "b")
+    eff = eng.handle(*upd("b", topk_update(G_B, 3), round=last[0], seq=last[1]), 1.0)
+    assert eff.reason == "duplicate"
+    # a fresh rejoin forgets a's keys only, also in the checkpoint
+    join(eng, "a", fresh=True)
+    assert {a for a, _, _ in _keys(eng)} == {"b"}
+    # restore: the same keys, the same answers
+    restored = RoundEngine.restore(eng.config, eng.export())
+    assert _keys(restored) == _keys(eng)
+    eff = restored.handle(*upd("b", topk_update(G_B, 3), round=last[0], seq=last[1]), 1.0)
+    assert eff.reason == "duplicate"
+
+
+def test_dedupe_log_stays_bounded_without_checkpoints() -> None:
+    eng = make_engine(mode="async", async_apply_every=1, max_staleness=2, dedupe_window=2)
+    join(eng, "a")
+    for seq in range(20_000):
+        eff = eng.handle(*upd("a", topk_update(G_A, 2), round=eng.version, seq=seq), 1.0)
+        assert eff.reason is None
+    assert len(eng._seen._log) <= 3 * 3 * 4096  # compacted as it grows, not 20,000 rows
+    assert len(eng.export().seen) <= 3  # window of 2 versions + the current one
