@@ -9,10 +9,11 @@ Threads:
 
   1. applies each message / operator command to the engine (under the read lock) and
      ticks it (deadlines, liveness);
-  2. appends every state-changing input to the journal (one SQLite transaction);
+  2. appends every state-changing input to the journal and the history rows of the
+     versions committed (one SQLite transaction);
   3. if a new model version was committed: writes the checkpoint (every
      ``checkpoint_every`` versions; default 1, i.e. every version; a control command
-     always checkpoints) and the history rows;
+     always checkpoints);
   4. only then publishes the outbound messages to *every* transport.
 
   So a version is durable before any agent can see it, and after a crash the journal
@@ -321,12 +322,11 @@ class AggregatorService:
             snap = eng.export() if checkpoint else None
             agents = [a.copy() for a in eng.agents.values()] if records else []
             rejected = dict(eng.rejected)
-        hwm = self._store.append_journal(entries)
+        # inputs and the history rows they produced: one transaction, then the checkpoint
+        hwm = self._store.commit(entries, records, agents=agents, rejected=rejected)
         if snap is not None:
             self._store.write_checkpoint(snap, hwm)
             self._uncheckpointed = 0
-        if records:
-            self._store.record_rounds(records, agents=agents, rejected=rejected)
         self._publish(outbound)
         for fut, result in done:
             fut.set_result(result)

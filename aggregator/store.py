@@ -22,8 +22,10 @@ Recovery rule (the checkpoint plus the journal are authoritative):
 3. history rows beyond the recovered version are deleted; rows for rounds recovered by the
    replay are (re)written.
 
-The journal is written *before* the checkpoint and before anything is published, and it is
-trimmed only up to the *previous* checkpoint's mark, so falling back to ``.prev`` still
+The journal is written *before* the checkpoint and before anything is published, in the
+same transaction as the history rows of the versions those inputs committed (so no crash
+can leave a version in a checkpoint without its history row), and it is trimmed only up
+to the *previous* checkpoint's mark, so falling back to ``.prev`` still
 finds every row it needs. Temporary files left by a crash are ignored and removed.
 """
 
@@ -230,13 +232,39 @@ class Store:
 
     def append_journal(self, entries: Sequence[JournalEntry]) -> int:
         """Append ``entries`` in one transaction; return the id of the last journal row."""
+        return self.commit(entries)
+
+    def commit(
+        self,
+        entries: Sequence[JournalEntry],
+        records: Iterable[RoundRecord] = (),
+        *,
+        agents: Iterable[AgentInfo] = (),
+        rejected: dict[str, int] | None = None,
+    ) -> int:
+        """Append journal ``entries`` and the history rows of the versions they committed in
+        one transaction; return the id of the last journal row.
+
+        One transaction, so the history can never miss a version whose inputs are in the
+        journal: a crash before the next checkpoint replays those inputs and rewrites the
+        same rows (idempotent per version); a crash after it finds them written.
+        """
+        rows = [_round_row(r) for r in records]
+        agent_rows = [(a.agent, json.dumps(a.to_dict())) for a in agents] if rows else []
         with self._lock:
-            if entries:
+            if entries or rows:
                 self._db.execute("BEGIN")
-                self._db.executemany(
-                    "INSERT INTO journal (kind, now, topic, payload) VALUES (?, ?, ?, ?)",
-                    [(e.kind, e.now, e.topic, e.payload) for e in entries],
-                )
+                try:
+                    if entries:
+                        self._db.executemany(
+                            "INSERT INTO journal (kind, now, topic, payload) VALUES (?, ?, ?, ?)",
+                            [(e.kind, e.now, e.topic, e.payload) for e in entries],
+                        )
+                    if rows:
+                        self._write_history(rows, agent_rows, rejected)
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
                 self._db.execute("COMMIT")
             return self._last_journal_id()
 
@@ -326,23 +354,35 @@ class Store:
     ) -> None:
         """Write history rows (idempotent per version), the registry and the counters."""
         rows = [_round_row(r) for r in records]
+        agent_rows = [(a.agent, json.dumps(a.to_dict())) for a in agents]
         with self._lock:
             self._db.execute("BEGIN")
-            self._db.executemany(
-                "INSERT OR REPLACE INTO rounds VALUES "
-                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                rows,
-            )
-            self._db.executemany(
-                "INSERT OR REPLACE INTO agents (agent, info) VALUES (?, ?)",
-                [(a.agent, json.dumps(a.to_dict())) for a in agents],
-            )
-            if rejected:
-                self._db.executemany(
-                    "INSERT OR REPLACE INTO rejections (reason, count) VALUES (?, ?)",
-                    list(rejected.items()),
-                )
+            try:
+                self._write_history(rows, agent_rows, rejected)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
             self._db.execute("COMMIT")
+
+    def _write_history(
+        self,
+        rows: list[tuple[Any, ...]],
+        agent_rows: list[tuple[str, str]],
+        rejected: dict[str, int] | None,
+    ) -> None:
+        self._db.executemany(
+            "INSERT OR REPLACE INTO rounds VALUES "
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            rows,
+        )
+        self._db.executemany(
+            "INSERT OR REPLACE INTO agents (agent, info) VALUES (?, ?)", agent_rows
+        )
+        if rejected:
+            self._db.executemany(
+                "INSERT OR REPLACE INTO rejections (reason, count) VALUES (?, ?)",
+                list(rejected.items()),
+            )
 
     def delete_history_after(self, version: int) -> int:
         """Delete rows for versions > ``version``; return how many were deleted."""

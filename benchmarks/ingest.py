@@ -26,7 +26,7 @@ publisher would otherwise overrun the deployment's 1000-message queue and the br
 drop what a slower subscriber has not taken yet (that is queue policy, not ingest speed).
 
 ``--profile`` adds a line per transport with the seconds the ingest thread spent per stage
-(decode, apply, delta encode, journal, checkpoint, history, publish) and the top of a
+(decode, apply, delta encode, journal + history, checkpoint, publish) and the top of a
 cProfile of the ingest thread.
 """
 
@@ -338,9 +338,8 @@ def aggregator_run(
         if profile:
             store, engine = service._store, service._engine
             assert store is not None and engine is not None
-            store.append_journal = stages.wrap("journal", store.append_journal)  # type: ignore[method-assign]
+            store.commit = stages.wrap("journal_history", store.commit)  # type: ignore[method-assign]
             store.write_checkpoint = stages.wrap("checkpoint_write", store.write_checkpoint)  # type: ignore[method-assign]
-            store.record_rounds = stages.wrap("history", store.record_rounds)  # type: ignore[method-assign]
             engine.handle = stages.wrap("handle", engine.handle)  # type: ignore[method-assign]
             engine.export = stages.wrap("checkpoint_export", engine.export)  # type: ignore[method-assign]
             service._publish = stages.wrap("publish", service._publish)  # type: ignore[method-assign]
