@@ -87,6 +87,7 @@ REJECT_REASONS: Final[tuple[str, ...]] = (
     "wrong_semantics",
     "duplicate",
     "stale",
+    "ef21_reset",
     "future_version",
     "paused",
     "finished",
@@ -312,6 +313,8 @@ class AgentInfo:
     last_round: int | None = None
     last_t: int | None = None
     spend: Spend = field(default_factory=Spend)
+    #: EF21: its state h_i was dropped; its updates are refused until a fresh hello
+    needs_reset: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         # not asdict(): it deep-copies the (immutable) pydantic hello on every call
@@ -346,6 +349,8 @@ class EngineSnapshot:
 
 
 Evaluator = Callable[[FloatArray], tuple[float, float | None]]
+#: an update's decoding: what wire.decode returns, or the error it raises
+Decoded = tuple[wire.UpdateHeader, Update] | WireFormatError
 ProfileLookup = Callable[[str], CostProfile | None]
 
 _STATE_FORMAT: Final = 1
@@ -502,8 +507,15 @@ class RoundEngine:
 
     # ------------------------------------------------------------------ public API
 
-    def handle(self, topic: str, payload: bytes, now: float) -> Effects:
-        """Process one inbound message (any agent topic of this job). Never raises."""
+    def handle(
+        self, topic: str, payload: bytes, now: float, *, decoded: Decoded | None = None
+    ) -> Effects:
+        """Process one inbound message (any agent topic of this job). Never raises.
+
+        ``decoded``: what :func:`edge_agent.wire.decode` returns (or raises) for ``payload``
+        when the caller already decoded it (the service decodes a batch of updates at once
+        with :func:`edge_agent.wire.decode_many`); used only for an update topic.
+        """
         agent: str | None = None
         try:
             parsed = self._topics.get(topic)
@@ -526,7 +538,7 @@ class RoundEngine:
                 raise _Reject("malformed", f"{len(payload)} bytes")
             blob = bytes(payload)
             if parsed.kind == "update":
-                return self._on_update(agent, blob, now)
+                return self._on_update(agent, blob, now, decoded)
             if parsed.kind == "hello":
                 return self._on_hello(agent, blob, now)
             if parsed.kind == "status":
@@ -663,6 +675,7 @@ class RoundEngine:
         else:
             if hello.fresh:
                 self._reset_agent_state(agent)
+                info.needs_reset = False
             info.hello = hello
         info.last_seen = max(info.last_seen, now)
         info.live = True
@@ -675,6 +688,8 @@ class RoundEngine:
         if hello.version is not None and hello.version != self.version:
             out.append(self.snapshot_message())
         out.extend(self.state_controls())
+        if info.needs_reset:
+            out.append(self._reset_message(agent))
         if self.state == "waiting":
             self._maybe_start(now)
         return Effects(outbound=tuple(out), journal=True)
@@ -707,12 +722,16 @@ class RoundEngine:
             info.state = "online"
         return Effects(outbound=(self.snapshot_message(), *self.state_controls()))
 
-    def _on_update(self, agent: str, blob: bytes, now: float) -> Effects:
+    def _on_update(self, agent: str, blob: bytes, now: float, decoded: Decoded | None) -> Effects:
         cfg = self.config
-        try:
-            header, update = wire.decode(blob)
-        except WireFormatError as exc:
-            raise _Reject("malformed", exc.reason) from None
+        if decoded is None:
+            try:
+                decoded = wire.decode(blob)
+            except WireFormatError as exc:
+                decoded = exc
+        if isinstance(decoded, WireFormatError):
+            raise _Reject("malformed", decoded.reason)
+        header, update = decoded
         if header.job != cfg.job:
             raise _Reject("wrong_job", header.job)
         if header.agent != agent:
@@ -749,9 +768,11 @@ class RoundEngine:
                 "future_version", f"{agent}: round {header.round} > version {self.version}"
             )
         staleness = self.version - header.round
+        ef21 = header.semantics == "ef21"
+        if ef21 and (info.needs_reset or staleness > cfg.dedupe_window):
+            return self._ef21_reset(agent, info, staleness)
         if staleness > cfg.dedupe_window:
             raise _Reject("stale", f"{agent}: {staleness} versions old (beyond the dedupe window)")
-        ef21 = header.semantics == "ef21"
         sync = cfg.mode == "sync"
         contributes = self.state != "paused"
         if sync:
@@ -816,6 +837,29 @@ class RoundEngine:
             self.sum_h = np.zeros(self.config.d)
         update.add_to(h)
         update.add_to(self.sum_h)
+
+    def _ef21_reset(self, agent: str, info: AgentInfo, staleness: int) -> Effects:
+        """An EF21 change older than the de-duplication window may or may not have been
+        applied already: applying it could count it twice, dropping it would leave the
+        agent's h_i and ours apart for good. Drop our h_i instead and ask the agent to zero
+        its own and rejoin fresh (refusing its changes until then)."""
+        if not info.needs_reset:
+            self._reset_agent_state(agent)
+            info.needs_reset = True
+            log.warning(
+                "%s: EF21 update %d versions old (beyond the de-duplication window of %d); "
+                "its state was reset, waiting for a fresh hello",
+                agent,
+                staleness,
+                self.config.dedupe_window,
+            )
+        eff = self._reject("ef21_reset", f"{agent}: waiting for a fresh hello", agent)
+        # journalled: the reset changed state a replay must reproduce
+        return Effects(outbound=(self._reset_message(agent),), journal=True, reason=eff.reason)
+
+    def _reset_message(self, agent: str) -> Outbound:
+        ctl = messages.Control(cmd="reset", agent=agent, version=self.version)
+        return Outbound(topics.control(self.config.job), messages.dump(ctl))
 
     def _reset_agent_state(self, agent: str) -> None:
         h = self.h.pop(agent, None)

@@ -127,6 +127,10 @@ class AgentOut(_Out):
     messages_rejected: int
     last_round: int | None
     last_t: int | None
+    needs_reset: bool = Field(
+        description="EF21 only: its state was dropped (a change older than the "
+        "de-duplication window arrived); its updates are refused until it rejoins fresh."
+    )
     totals: CostTotals
     dense_equivalent: CostTotals
 
@@ -151,6 +155,7 @@ class AgentOut(_Out):
             messages_rejected=a.rejected,
             last_round=a.last_round,
             last_t=a.last_t,
+            needs_reset=a.needs_reset,
             totals=CostTotals.actual(a.spend),
             dense_equivalent=CostTotals.dense(a.spend),
         )

@@ -63,16 +63,23 @@ class Request(_Msg):
 
 
 class Control(_Msg):
-    """Aggregator to agents: stop (training finished), pause, resume, resync.
+    """Aggregator to agents: stop (training finished), pause, resume, resync, reset.
 
     ``resync`` (with ``version``) is sent when the aggregator (re)starts: an agent that has
     already answered that version re-sends the very same update (same seq; de-duplicated),
     since the open round may have been lost; an agent behind it asks for a snapshot.
+
+    ``reset`` (with ``agent``) is for that one EF21 agent: the aggregator could not tell
+    whether one of its state changes was already applied (it arrived older than the
+    de-duplication window), so it dropped its copy of the agent's state h_i; the agent
+    must zero its own h_i and say hello with ``fresh=True``. Until that hello arrives, the
+    agent's EF21 updates are refused and answered with the same reset.
     """
 
     type: Literal["control"] = "control"
-    cmd: Literal["stop", "pause", "resume", "resync"]
+    cmd: Literal["stop", "pause", "resume", "resync", "reset"]
     version: int | None = None
+    agent: Ident | None = None
     reason: str = ""
 
 

@@ -396,6 +396,56 @@ def test_ef21_update_while_paused_updates_state_only() -> None:
     assert eng.version == 0
 
 
+def _controls(eff: Any) -> list[messages.Control]:
+    return [
+        messages.parse(messages.Control, o.payload)
+        for o in eff.outbound
+        if o.topic == topics.control(JOB)
+    ]
+
+
+def test_ef21_update_older_than_the_dedupe_window_resets_that_agent() -> None:
+    """Beyond the window the engine cannot tell a re-send from a new change: it drops its
+    h_a, asks a to reset, refuses a's changes until a fresh hello, then carries on."""
+    eng = ef21_engine(dedupe_window=2, max_staleness=1)
+    for r in range(4):  # versions 0..3 -> 4; both agents report every round
+        eng.handle(*upd("a", dense_update(C1, "ef21"), round=r, seq=r), 1.0)
+        eng.handle(*upd("b", dense_update(C2, "ef21"), round=r, seq=r), 1.0)
+    assert eng.version == 4
+    # a change a computed at version 1 arrives now (queued by a broker for a long time)
+    eff = eng.handle(*upd("a", dense_update(C3, "ef21"), round=1, seq=9), 2.0)
+    assert eff.reason == "ef21_reset" and eff.journal
+    assert [(c.cmd, c.agent) for c in _controls(eff)] == [("reset", "a")]
+    assert "a" not in eng.h and eng.sum_h is not None
+    assert np.array_equal(eng.sum_h, 4 * C2)  # only b's state is left
+    # until a rejoins fresh, its changes are refused (and the reset repeated), even current ones
+    eff = eng.handle(*upd("a", dense_update(C1, "ef21"), round=4, seq=10), 2.0)
+    assert eff.reason == "ef21_reset" and [c.cmd for c in _controls(eff)] == ["reset"]
+    assert "a" not in eng.h
+    # a non-fresh hello is answered with the reset too; the state survives a checkpoint
+    eff = eng.handle(*hello("a", semantics="ef21", compressor="dense", fresh=False), 2.5)
+    assert "reset" in [c.cmd for c in _controls(eff)]
+    eng = RoundEngine.restore(eng.config, eng.export())
+    assert eng.agents["a"].needs_reset
+    # the fresh hello clears it; a's next change is its whole state again
+    join(eng, "a", semantics="ef21", compressor="dense", fresh=True)
+    assert not eng.agents["a"].needs_reset
+    assert eng.handle(*upd("a", dense_update(C3, "ef21"), round=4, seq=11), 3.0).reason is None
+    assert np.array_equal(eng.h["a"], C3)
+    assert np.array_equal(eng.sum_h, 4 * C2 + C3)
+    assert eng.rejected["ef21_reset"] == 2
+
+
+def test_plain_update_older_than_the_dedupe_window_is_only_stale() -> None:
+    eng = make_engine(dedupe_window=2, max_staleness=1)
+    join(eng, "a")
+    for r in range(4):
+        eng.handle(*upd("a", topk_update(G_A, 3), round=r, seq=r), 1.0)
+    eff = eng.handle(*upd("a", topk_update(G_A, 3), round=0, seq=9), 2.0)
+    assert eff.reason == "stale" and not _controls(eff)
+    assert not eng.agents["a"].needs_reset
+
+
 # ---------------------------------------------------------------- async
 
 
