@@ -19,6 +19,8 @@ travels in one byte, so a decoder needs no search. With b in {1, 3} the code is 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -192,6 +194,8 @@ _SMALL_N = 4096
 _ARANGE = np.arange(_SMALL_N, dtype=np.int64)
 _ARANGE.flags.writeable = False
 _TRIT_LIMIT_INT = 3**TRITS_PER_WORD
+_FEW_WORDS = 8  # up to this many full trit words, _decode_small reads them as Python ints
+_WORD_MASK = (1 << 64) - 1
 _TRIT_BITS_INT = [int(v) for v in _TRIT_BITS]
 
 
@@ -210,7 +214,7 @@ def _decode_small(raw: npt.NDArray[np.uint8], n: int, b: int, l: int, high_len: 
     unpacked once and each part is a reshape and a product with cached bit weights (the
     same checks, in the same order, as the general path)."""
     bits = np.unpackbits(raw, bitorder="little")
-    ones = bits[:high_len].nonzero()[0]
+    ones = bits[:high_len].view(np.bool_).nonzero()[0]  # (13x faster than on uint8)
     if ones.size != n:
         raise WireFormatError(f"index block: {ones.size} ones in the high part, expected {n}")
     q = ones
@@ -221,19 +225,33 @@ def _decode_small(raw: npt.NDArray[np.uint8], n: int, b: int, l: int, high_len: 
     if b == 3:
         full = n // TRITS_PER_WORD
         rest = n - full * TRITS_PER_WORD
-        words = np.zeros(full + (1 if rest else 0), dtype=np.uint64)
-        if full:
+        if full <= _FEW_WORDS:  # the common case: a few words, read as one Python int
+            stream = int.from_bytes(raw[pos >> 3 :].tobytes(), "little") >> (pos & 7)
+            found = []
+            for _ in range(full):
+                found.append(stream & _WORD_MASK)
+                stream >>= 64
+            if found and max(found) >= _TRIT_LIMIT_INT:
+                raise WireFormatError("index block: trit word out of range")
+            if rest:
+                last = stream & ((1 << _TRIT_BITS_INT[rest]) - 1)
+                if last >= 3**rest:
+                    raise WireFormatError("index block: trit word out of range")
+                found.append(last)
+            words = np.array(found, dtype=np.uint64)
+        else:
+            words = np.zeros(full + (1 if rest else 0), dtype=np.uint64)
             words[:full] = _words_of_bits(bits, pos, full, 64)
             pos += 64 * full
             if max(words[:full].tolist()) >= _TRIT_LIMIT_INT:
                 raise WireFormatError("index block: trit word out of range")
-        if rest:
-            width = _TRIT_BITS_INT[rest]
-            last = int.from_bytes(raw[pos >> 3 :].tobytes(), "little") >> (pos & 7)
-            last &= (1 << width) - 1
-            if last >= 3**rest:
-                raise WireFormatError("index block: trit word out of range")
-            words[full] = last
+            if rest:
+                width = _TRIT_BITS_INT[rest]
+                last = int.from_bytes(raw[pos >> 3 :].tobytes(), "little") >> (pos & 7)
+                last &= (1 << width) - 1
+                if last >= 3**rest:
+                    raise WireFormatError("index block: trit word out of range")
+                words[full] = last
         # the last word is < 3**rest, so its digits beyond `rest` are zero and cut off
         digits = (words[:, None] // _POW3[None, :]) % np.uint64(3)
         r |= digits.ravel()[:n].view(np.int64) << l
@@ -275,7 +293,9 @@ def decode_indices(buf: bytes | memoryview, offset: int, d: int, n: int) -> tupl
         return idx, end
     # Only the high part is unpacked bit by bit (about 2.5 bits per index); the low part
     # and the trit words are gathered straight from the bytes: memory stays proportionate.
-    ones = np.flatnonzero(np.unpackbits(raw[: (high_len + 7) // 8], bitorder="little")[:high_len])
+    high = np.unpackbits(raw[: (high_len + 7) // 8], bitorder="little")[:high_len]
+    ones = high.view(np.bool_).nonzero()[0]  # (13x faster than on uint8)
+    del high
     if ones.size != n:
         raise WireFormatError(f"index block: {ones.size} ones in the high part, expected {n}")
     q = ones
@@ -309,3 +329,219 @@ def decode_indices(buf: bytes | memoryview, offset: int, d: int, n: int) -> tupl
     if n > 1 and not (idx[1:] > idx[:-1]).all():
         raise WireFormatError("indices not strictly increasing")
     return idx, end
+
+
+# ---------------------------------------------------------------- many blocks at once
+
+#: one pass of :func:`decode_blocks` holds at most this many indices and body bits (or one
+#: block, if larger), so its temporaries stay under 1 MiB whatever the batch: a hostile
+#: batch needs about twice what decode_indices needs for its largest block, never memory
+#: that grows with the batch. Small passes are also faster: with per-index arrays of at
+#: most 64 KiB the heap is reused from pass to pass, while larger ones were page-faulted
+#: anew (passes of 12,000 indices: ~300 faults per batch of 400 updates).
+_BATCH_INDICES = 8_000
+_BATCH_BITS = 1 << 18
+#: the low bits of an index are read as one unaligned 64-bit word: l + 7 bits must fit
+_BATCH_MAX_L = 56
+_LAYOUT_FIELDS = 7  # d, n, b, l, high_len, bits, nbytes
+_TRIT_LIMIT = np.uint64(3**TRITS_PER_WORD)
+_TRIT_MASKS = np.array([(1 << int(w)) - 1 for w in _TRIT_BITS[:TRITS_PER_WORD]], dtype=np.uint64)
+#: by bits % 8 of a stream: the padding bits of its last byte / the bits it uses there
+_PAD_MASKS = np.array([0] + [0xFF & (0xFF << k) for k in range(1, 8)], dtype=np.uint8)
+_USED_MASKS = np.array([0xFF] + [(1 << k) - 1 for k in range(1, 8)], dtype=np.uint8)
+#: a trit word is split into 8 base-243 digits by scalar divisions (numpy divides by a
+#: scalar much faster than by a vector); each digit's 5 trits come from this table
+_TRIT_CHUNK = np.uint64(3**5)
+_TRITS5 = (
+    np.array([[(v // 3**e) % 3 for e in range(5)] for v in range(3**5)], dtype=np.uint8)
+    .view(np.dtype("V5"))
+    .ravel()
+)
+_DIGIT = np.arange(TRITS_PER_WORD, dtype=np.int64)
+
+
+class BlockLayout(NamedTuple):
+    """Where the parts of an index block body lie, from (d, n, code byte) alone."""
+
+    nbytes: int  # body bytes (after the code byte)
+    bits: int  # body bits B (the rest of the last byte is padding)
+    n: int
+    b: int
+    l: int
+    packed: bytes  # d, n, b, l, high_len, bits, nbytes as int64, for decode_blocks
+
+
+@functools.lru_cache(maxsize=4096)
+def block_layout(d: int, n: int, code: int) -> BlockLayout | None:
+    """The layout of an index block of ``n >= 1`` indices out of ``d`` sent with this code
+    byte, or None when :func:`decode_indices` rejects the code byte (``l`` too large)."""
+    b = 3 if code & 0x80 else 1
+    l = code & 0x7F
+    if l > _max_l(d):
+        return None
+    high_len = n + (d - 1) // (b << l)
+    trit_bits = 64 * (n // TRITS_PER_WORD) + _TRIT_BITS_INT[n % TRITS_PER_WORD]
+    total = high_len + n * l + (trit_bits if b == 3 else 0)
+    nbytes = (total + 7) // 8
+    packed = np.array([d, n, b, l, high_len, total, nbytes], dtype=np.int64).tobytes()
+    return BlockLayout(nbytes, total, n, b, l, packed)
+
+
+def decode_blocks(bodies: Sequence[bytes], layouts: Sequence[BlockLayout]) -> list[IntArray | None]:
+    """Decode many index blocks in a few vectorised passes (a batch of messages).
+
+    ``bodies[i]`` is the body of block i (the ``layouts[i].nbytes`` bytes after its code
+    byte); the blocks may differ in d, n and code. Element i of the result is what
+    :func:`decode_indices` returns for the block, or None where it would raise (or where
+    the block is too large for a batch pass): call it then, for the exact error. Accepted
+    blocks are views into one array per pass.
+    """
+    out: list[IntArray | None] = [None] * len(bodies)
+    # blocks with trits first: their trits are then a prefix of the pass's indices
+    order = sorted(range(len(layouts)), key=lambda i: layouts[i].b != 3)
+    todo: list[int] = []
+    n_sum = bits_sum = 0
+    for i in order:
+        lay = layouts[i]
+        if lay.bits > _SMALL_BITS or lay.l > _BATCH_MAX_L or len(bodies[i]) != lay.nbytes:
+            continue
+        if todo and (n_sum + lay.n > _BATCH_INDICES or bits_sum + lay.bits > _BATCH_BITS):
+            _decode_pass(bodies, layouts, todo, out)
+            todo, n_sum, bits_sum = [], 0, 0
+        todo.append(i)
+        n_sum += lay.n
+        bits_sum += lay.bits
+    if todo:
+        _decode_pass(bodies, layouts, todo, out)
+    return out
+
+
+def _decode_pass(
+    bodies: Sequence[bytes],
+    layouts: Sequence[BlockLayout],
+    rows: list[int],
+    out: list[IntArray | None],
+) -> None:
+    """Decode blocks ``rows`` (those with b = 3 first) into ``out``; None where a check fails.
+
+    The blocks' bytes are joined into one stream, and each part of each block is located by
+    per-block offsets expanded to per-index ones with np.repeat. High parts start on byte
+    boundaries: their bytes are gathered, the bits past each high part cleared, and one
+    nonzero() finds every one (a block must hold exactly n: otherwise it is dropped and the
+    pass restarts without it, as the ones would no longer line up with the blocks). Low bits
+    and trit words are read as unaligned 64-bit words at their bit positions.
+    """
+    k = len(rows)
+    raw = np.frombuffer(b"".join([bodies[i] for i in rows]), dtype=np.uint8)
+    lay = np.frombuffer(b"".join([layouts[i].packed for i in rows]), dtype=np.int64)
+    d, n, b, l, high, bits, nbytes = lay.reshape(k, _LAYOUT_FIELDS).T.copy()
+    ok = np.ones(k, dtype=np.bool_)
+    end = np.cumsum(nbytes)
+    start = end - nbytes
+    ok &= (raw[end - 1] & _PAD_MASKS[bits & 7]) == 0
+
+    # high parts: the positions of the ones, block by block
+    hbytes = (high + 7) >> 3
+    hend = np.cumsum(hbytes)
+    hstart = hend - hbytes
+    gather = np.arange(int(hend[-1]), dtype=np.int64)
+    gather += np.repeat(start - hstart, hbytes)
+    hb = raw[gather]
+    del gather
+    hb[hend - 1] &= _USED_MASKS[high & 7]
+    ones = np.unpackbits(hb, bitorder="little").view(np.bool_).nonzero()[0]
+    del hb
+    counts = np.diff(np.searchsorted(ones, 8 * hend), prepend=0)
+    if not (counts == n).all():
+        del ones
+        good = [rows[j] for j in np.flatnonzero(counts == n).tolist()]
+        if good:
+            _decode_pass(bodies, layouts, good, out)
+        return
+    nend = np.cumsum(n)
+    nstart = nend - n
+    total = int(nend[-1])
+    ar = np.arange(total, dtype=np.int64)
+    q = ones
+    q -= ar
+    q -= np.repeat(8 * hstart - nstart, n)
+
+    # low bits: l per index, from the 64-bit word at its bit position
+    padded = np.zeros(raw.size + 16, dtype=np.uint8)
+    padded[: raw.size] = raw
+    words = np.ndarray((raw.size + 8,), dtype=np.dtype("<u8"), buffer=padded, strides=(1,))
+    low_start = 8 * start + high
+    l0 = int(l[0])
+    uniform = bool((l == l0).all())
+    l_rep: IntArray | None = None if uniform else np.repeat(l, n)
+    if uniform and l0 == 0:
+        r = np.zeros(total, dtype=np.int64)
+    else:
+        pos = ar * l0 if l_rep is None else ar * l_rep
+        pos += np.repeat(low_start - nstart * l, n)
+        w = np.take(words, pos >> 3)
+        pos &= 7
+        w >>= pos.view(np.uint64)
+        del pos
+        if l_rep is None:
+            w &= np.uint64((1 << l0) - 1)
+        else:
+            w &= np.repeat(((1 << l) - 1).view(np.uint64), n)
+        r = w.view(np.int64)
+    del ar
+
+    # trits (the first k3 blocks): 64-bit words of 40 trits, the last one shorter
+    k3 = int(np.count_nonzero(b == 3))
+    if k3:
+        n3 = n[:k3]
+        nw = (n3 + TRITS_PER_WORD - 1) // TRITS_PER_WORD
+        wend = np.cumsum(nw)
+        nwords = int(wend[-1])
+        tpos = np.arange(nwords, dtype=np.int64)
+        tpos *= 64
+        tpos += np.repeat(low_start[:k3] + n3 * l[:k3] - 64 * (wend - nw), nw)
+        byte = tpos >> 3
+        shift = (tpos & 7).view(np.uint64)
+        tw = np.take(words, byte) >> shift
+        # the ninth byte supplies the top `shift` bits ((x << 64 - 0) would be undefined)
+        tw |= (np.take(padded, byte + 8).astype(np.uint64) << np.uint64(1)) << (
+            np.uint64(63) - shift
+        )
+        limit = np.full(nwords, _TRIT_LIMIT, dtype=np.uint64)
+        used = np.full(nwords, TRITS_PER_WORD, dtype=np.int64)
+        rest = n3 % TRITS_PER_WORD
+        part = np.flatnonzero(rest)
+        if part.size:
+            last = wend[part] - 1
+            tw[last] &= _TRIT_MASKS[rest[part]]
+            limit[last] = _POW3[rest[part]]
+            used[last] = rest[part]
+        bad = np.flatnonzero(tw >= limit)
+        if bad.size:
+            ok[np.searchsorted(wend, bad, side="right")] = False
+            tw[bad] = 0  # (their blocks are rejected; keep the digits below in range)
+        chunks = np.empty((nwords, 8), dtype=np.uint64)
+        for c in range(8):
+            nxt = tw // _TRIT_CHUNK
+            chunks[:, c] = tw - nxt * _TRIT_CHUNK
+            tw = nxt
+        digits = np.take(_TRITS5, chunks.view(np.int64)).view(np.uint8)  # (nwords, 40)
+        trits = digits[_DIGIT[None, :] < used[:, None]].astype(np.int64)
+        n_3 = int(nend[k3 - 1])
+        r[:n_3] |= trits << (l0 if l_rep is None else l_rep[:n_3])
+
+    idx = q
+    m = b << l
+    idx *= int(m[0]) if (m == m[0]).all() else np.repeat(m, n)
+    idx += r
+    del r
+    ok &= idx[nend - 1] < d
+    if total > 1:
+        down = idx[1:] <= idx[:-1]
+        down[nend[:-1] - 1] = False  # across two blocks
+        bad = np.flatnonzero(down)
+        if bad.size:
+            ok[np.searchsorted(nend, bad, side="right")] = False
+    for i, s, e, good_row in zip(rows, nstart.tolist(), nend.tolist(), ok.tolist(), strict=True):
+        if good_row:
+            out[i] = idx[s:e]
