@@ -39,6 +39,8 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 
 from aggregator.rounds import (
+    MAX_PAYLOAD_BYTES,
+    Decoded,
     Effects,
     Evaluator,
     FloatArray,
@@ -48,6 +50,7 @@ from aggregator.rounds import (
 )
 from aggregator.settings import Settings, SettingsError
 from aggregator.store import JournalEntry, Store, recover
+from edge_agent import wire
 from edge_agent.errors import CatEdgeError
 from edge_agent.profiles import CostProfile, resolve_profile
 from edge_agent.transports import Message, Transport, open_transport, topics
@@ -99,6 +102,27 @@ def build_evaluator(settings: Settings) -> Evaluator | None:
         return model.loss(x, data), model.accuracy(x, data)
 
     return evaluate
+
+
+def _decode_updates(batch: list[Message | _Command]) -> list[Decoded | None]:
+    """Decode the batch's updates in one :func:`~edge_agent.wire.decode_many` call (it
+    shares numpy calls between messages); None where the engine should decode itself (not
+    an update topic, not bytes, oversized: the engine rejects those on its own terms)."""
+    out: list[Decoded | None] = [None] * len(batch)
+    at: list[int] = []
+    for i, item in enumerate(batch):
+        if (
+            isinstance(item, Message)
+            and "/update/" in item.topic
+            and isinstance(item.payload, bytes)
+            and len(item.payload) <= MAX_PAYLOAD_BYTES
+        ):
+            at.append(i)
+    if len(at) > 1:
+        results = wire.decode_many([batch[i].payload for i in at])  # type: ignore[union-attr]
+        for i, result in zip(at, results, strict=True):
+            out[i] = result
+    return out
 
 
 def _profile_lookup(name: str) -> CostProfile | None:
@@ -292,8 +316,9 @@ class AggregatorService:
         records: list[RoundRecord] = []
         done: list[tuple[Future[Effects], Effects]] = []
         checkpoint = False
+        decoded = _decode_updates(batch)  # outside the lock: readers need not wait for it
         with self._lock:
-            for item in batch:
+            for i, item in enumerate(batch):
                 now = self._clock()
                 if isinstance(item, _Command):
                     eff = eng.control(item.cmd, now)
@@ -301,7 +326,7 @@ class AggregatorService:
                         entries.append(JournalEntry("control", now, item.cmd))
                     done.append((item.future, eff))
                 else:
-                    eff = eng.handle(item.topic, item.payload, now)
+                    eff = eng.handle(item.topic, item.payload, now, decoded=decoded[i])
                     if eff.journal:
                         entries.append(JournalEntry("msg", now, item.topic, item.payload))
                 outbound.extend(eff.outbound)
