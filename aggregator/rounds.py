@@ -489,6 +489,11 @@ class RoundEngine:
         #: indices the open round's plain updates touched (None: unknown or all), so a
         #: step costs O(touched) instead of several passes over d; same floats either way
         self._touched: list[npt.NDArray[np.int64]] | None = []
+        #: sparse plain updates not yet added to _acc: (indices, values, weight), in arrival
+        #: order; one np.add.at per round adds them in that order (the same floats as one
+        #: ``acc[idx] += w * values`` per update, for a fraction of the numpy calls)
+        self._pending: list[tuple[npt.NDArray[np.int64], npt.NDArray[Any], float]] = []
+        self._gamma: float | None = None  # cached step size (hellos change it)
         self._contrib: dict[str, int] = {}  # participant -> number of contributing updates
         self._count = 0  # contributing updates (the async K counter)
         self._round_agents: dict[str, dict[str, int]] = {}
@@ -618,6 +623,8 @@ class RoundEngine:
         (times ``ef21_step_factor`` in an EF21 job)."""
         if self.config.step_size is not None:
             return self.config.step_size
+        if self._gamma is not None:
+            return self._gamma
         factor = self.config.ef21_step_factor if self.family == "ef21" else 1.0
         hellos = [a.hello for a in self.agents.values()]
         if not hellos:
@@ -627,7 +634,8 @@ class RoundEngine:
             big_l = sum(h.rows * h.smoothness for h in hellos) / rows
         else:
             big_l = sum(h.smoothness for h in hellos) / len(hellos)
-        return factor / big_l
+        self._gamma = factor / big_l  # until the next hello
+        return self._gamma
 
     def quorum(self, live: int | None = None) -> int:
         n = self.live_agents if live is None else live
@@ -665,6 +673,7 @@ class RoundEngine:
         if self.family is not None and fam != self.family and others:
             raise _Reject("wrong_semantics", f"{agent}: {hello.semantics} in a {self.family} job")
         # --- apply
+        self._gamma = None  # a hello may change L (rows, smoothness) or the family
         info = self.agents.get(agent)
         if info is None:
             info = AgentInfo(
@@ -814,12 +823,21 @@ class RoundEngine:
             self._count += 1
             if not ef21:
                 weight = 1.0 if sync else 1.0 / (1.0 + staleness)
-                update.add_to(self._acc, weight)
-                if self._touched is not None:
-                    if update.indices is None:
-                        self._touched = None
-                    else:
-                        self._touched.append(update.indices)
+                if (
+                    self._touched is not None
+                    and update.indices is not None
+                    and update.scale is None
+                ):
+                    self._pending.append((update.indices, update.values, weight))
+                    self._touched.append(update.indices)
+                else:
+                    self._flush_pending()
+                    update.add_to(self._acc, weight)
+                    if self._touched is not None:
+                        if update.indices is None:
+                            self._touched = None
+                        else:
+                            self._touched.append(update.indices)
         if self._opened_at is None and self.state != "waiting":
             self._opened_at = now
         closed = self._maybe_close(now)
@@ -956,8 +974,31 @@ class RoundEngine:
             return self._close(now, "deadline")
         return Effects()
 
+    def _flush_pending(self) -> None:
+        """Add the pending sparse updates to ``_acc``, in arrival order."""
+        pending = self._pending
+        if not pending:
+            return
+        self._pending = []
+        if len(pending) == 1:
+            idx, values, weight = pending[0]
+            vals = np.asarray(values, dtype=np.float64)
+            self._acc[idx] += vals * weight if weight != 1.0 else vals
+            return
+        idx = np.concatenate([p[0] for p in pending])
+        # float16/32 -> float64 is exact, so promoting first changes no value
+        vals = np.concatenate([p[1] for p in pending]).astype(np.float64, copy=False)
+        if any(p[2] != 1.0 for p in pending):
+            vals = vals * np.repeat([p[2] for p in pending], [p[0].size for p in pending])
+        np.add.at(self._acc, idx, vals)
+
+    def _flushed_acc(self) -> FloatArray:
+        self._flush_pending()
+        return self._acc
+
     def _close(self, now: float, reason: str) -> Effects:
         cfg = self.config
+        self._flush_pending()
         gamma = self.gamma()
         if self.family == "ef21":
             assert self.sum_h is not None
@@ -1012,7 +1053,7 @@ class RoundEngine:
         out = [Outbound(topics.delta(job), delta)]
         if cfg.snapshot_every and self.version % cfg.snapshot_every == 0:
             out.append(self.snapshot_message())
-        self._reset_round(now)
+        self._reset_round(now, idx if self._touched is not None and self.family != "ef21" else None)
         self._prune_seen()
         if cfg.max_rounds is not None and self.version >= cfg.max_rounds:
             self._finish(f"reached max_rounds={cfg.max_rounds}")
@@ -1021,12 +1062,17 @@ class RoundEngine:
         out.extend(self.state_controls())
         return Effects(outbound=tuple(out), committed=record)
 
-    def _reset_round(self, now: float) -> None:
+    def _reset_round(self, now: float, touched: npt.NDArray[np.int64] | None = None) -> None:
+        """Open the next round. ``touched``: every index the closing round's accumulator
+        touched, when the caller has it at hand (it is cheaper to zero at once)."""
+        self._pending = []
         if self._touched is None:
             self._acc = np.zeros(self.config.d)
+        elif touched is not None:
+            self._acc[touched] = 0.0
         else:
-            for touched in self._touched:
-                self._acc[touched] = 0.0
+            for part in self._touched:
+                self._acc[part] = 0.0
         self._touched = []
         self._contrib = {}
         self._count = 0
@@ -1109,7 +1155,7 @@ class RoundEngine:
         json.dumps(meta)  # fail here, not in the writer, if something is not JSON-able
         return EngineSnapshot(
             x=self.x.copy(),
-            acc=self._acc.copy(),
+            acc=self._flushed_acc().copy(),
             h_agents=h_agents,
             h=h,
             sum_h=np.zeros(0) if self.sum_h is None else self.sum_h.copy(),
