@@ -25,7 +25,7 @@ import numpy.typing as npt
 from edge_agent import messages
 from edge_agent.compressors import Update, ValueDtype, compress
 from edge_agent.data import Dataset
-from edge_agent.errors import WireFormatError
+from edge_agent.errors import TransportError, WireFormatError
 from edge_agent.feedback import FEEDBACK, Feedback
 from edge_agent.models import Model
 from edge_agent.profiles import CostProfile, MessageCost
@@ -169,8 +169,11 @@ class Agent:
         #: seconds spent per stage over all rounds (gradient, selection, compression, ...)
         self.timings_s = dict.fromkeys(("grad", "select", "compress", "encode", "send"), 0.0)
         self.paused = False
+        #: True once the work is over: the aggregator said stop, or max_rounds were answered.
         self.finished = False
         self._stop = threading.Event()
+        self._started = False
+        self._closed = False
         self._last_blob: bytes | None = None
         self._last_progress = clock()
         self._quiet_until = 0.0
@@ -189,6 +192,7 @@ class Agent:
         self.transport.set_will(
             topics.status(job, me), messages.dump(messages.Status(state="offline", agent=me))
         )
+        self._started = True
         self.transport.connect()
         for pattern in topics.agent_subscriptions(job):
             self.transport.subscribe(pattern)
@@ -237,15 +241,26 @@ class Agent:
         self._stop.set()
 
     def close(self, state: Literal["offline", "done"] = "offline") -> None:
-        """Say goodbye (status) and close the transport; idempotent."""
+        """Say goodbye (status), then close the transport, which flushes it; idempotent.
+
+        The goodbye is published even while the transport reports no connection: a ZeroMQ
+        agent may be between reconnects to a live aggregator (its close() waits a bounded
+        ``linger_ms`` for it), and without it a ZeroMQ aggregator shows the agent online
+        until its liveness timeout (MQTT's Last Will only says ``offline``).
+        """
+        if self._closed:
+            return
+        self._closed = True
         try:
-            if self.transport.connected:
+            if self._started:
                 status = messages.Status(
                     state=state, agent=self.config.agent_id, round=self.version
                 )
                 self.transport.publish(
                     topics.status(self.config.job, self.config.agent_id), messages.dump(status)
                 )
+        except TransportError as exc:  # the transport was closed under us: nothing to say
+            log.warning("could not say goodbye (%s): %s", state, exc)
         finally:
             self.transport.close()
 
@@ -430,6 +445,7 @@ class Agent:
                 and self.rounds >= cfg.max_rounds
                 and self.version != self.sent_version
             ):
+                self.finished = True  # its last update was applied: say "done", not "offline"
                 break
             elif self.x is None and now - self._last_progress >= self._hello_interval_s:
                 # No model yet: the aggregator may not be up, or missed the hello. Back off.

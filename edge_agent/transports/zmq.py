@@ -18,6 +18,16 @@ and are delivered when it connects. Beyond that, a message waits in our own queu
 ``send_timeout_s`` and is then dropped and counted in ``stats.dropped``. PUB never blocks
 (slow subscribers lose messages beyond their high-water mark, which ZeroMQ does not report).
 
+Close: every publish() that returned before close() was called is handed to the sockets
+(publish() and close() are ordered by a lock, and the I/O thread looks at the stop flag
+before it drains the queue, never after). close() then waits at most ``linger_ms`` in total
+(default 2000; 0 discards at once; never infinite) for the peer to take what is queued:
+first for room in the socket (a full ``sndhwm``), then libzmq's linger for the bytes in its
+pipes. With the peer reachable a goodbye sent just before close() therefore arrives and
+close() returns as soon as it is flushed; with the peer gone close() returns after about
+``linger_ms``. Messages still in our queue then are counted in ``stats.dropped``; what libzmq
+still holds when the linger expires is discarded without a count (ZeroMQ does not report it).
+
 Options: ``timeout_s`` (bind/connect setup, default 5), ``linger_ms`` (flush time at close,
 default 2000), ``sndhwm`` / ``rcvhwm`` (messages, default 1000), ``send_timeout_s``
 (default 5), ``max_pending`` (default 10000), ``reconnect_ivl_ms`` (default 100),
@@ -247,12 +257,16 @@ class ZmqTransport(Transport):
             raise TransportError(error)
 
     def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
-        """Queue for the I/O thread (never blocks). ``retain`` is ignored: ZeroMQ has no
-        retained messages (agents send a snapshot request instead)."""
+        """Queue for the I/O thread (never blocks for long). ``retain`` is ignored: ZeroMQ
+        has no retained messages (agents send a snapshot request instead)."""
         topics.validate_topic(topic)
-        if self._closed:
-            raise TransportError(f"{self.url}: publish after close(); open a new transport")
-        self._commands.put(_Publish(topic.encode(), bytes(payload)))
+        command = _Publish(topic.encode(), bytes(payload))
+        with self._lock:
+            # Under the lock: a publish either precedes close() (and is flushed by it) or
+            # raises; it can never slip in after the I/O thread's last look at the queue.
+            if self._closed:
+                raise TransportError(f"{self.url}: publish after close(); open a new transport")
+            self._commands.put(command)
         self._count("published")
         self._wake()
 
@@ -273,7 +287,8 @@ class ZmqTransport(Transport):
         topics.validate_topic(topic)
 
     def close(self) -> None:
-        """Stop the I/O thread; sockets close with ``linger_ms`` to flush what is queued."""
+        """Flush what was published before this call and stop the I/O thread. Waits at most
+        about ``linger_ms`` for an absent or slow peer (see the module docstring)."""
         with self._lock:
             if self._closed:
                 return
@@ -301,7 +316,8 @@ class ZmqTransport(Transport):
                 log.error("%s: I/O thread did not stop; leaking it and its context", self.url)
                 self._ctx = None
         if self._ctx is not None:
-            # All sockets are closed by the I/O thread; term() waits at most linger_ms.
+            # All sockets are closed by the I/O thread, the outbound one with what is left of
+            # linger_ms after its flush: term() waits at most that long.
             self._ctx.term()
             self._ctx = None
         for s in (self._wake_r, self._wake_w):
@@ -309,6 +325,16 @@ class ZmqTransport(Transport):
                 s.close()
         self._wake_r = self._wake_w = None
         self._connected = False
+        # Published but never taken by an I/O thread (none was started, or it failed).
+        unsent = 0
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            unsent += isinstance(command, _Publish)
+        if unsent:
+            self._drop("unsent at close", "the I/O thread was not running", n=unsent)
 
     def _configure(self, sock: zmq.Socket[Any], *, connect_side: bool) -> None:
         # Only outbound sockets have anything worth flushing at close; a SUB would otherwise
@@ -402,8 +428,9 @@ class ZmqTransport(Transport):
         if self.role == "aggregator":
             self._connected = True
         self._ready.set()
+        linger_ms = self._linger_ms
         try:
-            self._loop(inbound, outbound, monitor)
+            linger_ms = self._loop(inbound, outbound, monitor)
         except Exception:
             log.exception("%s: I/O thread failed; the transport is dead", self.url)
         finally:
@@ -412,14 +439,16 @@ class ZmqTransport(Transport):
                 outbound.disable_monitor()
                 monitor.close(linger=0)
             inbound.close()
-            outbound.close()
+            # libzmq keeps flushing the pipes for linger ms (context term() waits for it).
+            outbound.close(linger=linger_ms)
 
     def _loop(
         self,
         inbound: zmq.Socket[Any],
         outbound: zmq.Socket[Any],
         monitor: zmq.Socket[Any] | None,
-    ) -> None:
+    ) -> int:
+        """Serve until close(); return the linger (ms) left for the outbound socket."""
         assert self._wake_r is not None
         wake = self._wake_r
         poller = zmq.Poller()
@@ -438,6 +467,12 @@ class ZmqTransport(Transport):
                         pass
                 except OSError:
                     pass  # drained (BlockingIOError)
+            # Look at the flag BEFORE draining the queue: close() sets it only after every
+            # publish() that preceded it has queued its command, so once it is seen, the drain
+            # below takes them all. (Checking it after the drain lost a publish made while
+            # this thread was busy sending: the thread returned with it still queued.) A
+            # stop set after this read wakes the next poll (close() writes to the wake pipe).
+            stopping = self._stop.is_set()
             if inbound in events:
                 self._receive(inbound)
             if monitor is not None and monitor in events:
@@ -468,11 +503,27 @@ class ZmqTransport(Transport):
                     f"{self._send_timeout_s:g} s; is the aggregator running?",
                     n=expired,
                 )
-            if self._stop.is_set():
+            if stopping:
+                return self._flush(outbound, pending)
+
+    def _flush(self, outbound: zmq.Socket[Any], pending: deque[tuple[float, _Publish]]) -> int:
+        """At close: wait up to linger_ms for room for what is still queued (a full sndhwm),
+        drop what does not fit, and return the linger (ms) left for libzmq's own flush."""
+        deadline = time.monotonic() + self._linger_ms / 1000
+        self._send(outbound, pending)
+        while pending:
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if remaining_ms <= 0:
+                break
+            if outbound.poll(remaining_ms, zmq.POLLOUT):
                 self._send(outbound, pending)
-                if pending:
-                    self._drop("unsent at close", n=len(pending))
-                return
+        if pending:
+            self._drop(
+                "unsent at close",
+                f"no room in the socket within linger_ms={self._linger_ms}; is the peer there?",
+                n=len(pending),
+            )
+        return max(0, int((deadline - time.monotonic()) * 1000))
 
     def _send(self, outbound: zmq.Socket[Any], pending: deque[tuple[float, _Publish]]) -> None:
         while pending:

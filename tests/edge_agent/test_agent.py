@@ -13,6 +13,7 @@ from edge_agent.data import Dataset, make_rcv1_like
 from edge_agent.models import make_model
 from edge_agent.profiles import resolve_profile
 from edge_agent.transports import Transport, open_transport, topics
+from edge_agent.transports.memory import MemoryTransport
 
 JOB = "job1"
 D = 300
@@ -31,6 +32,7 @@ class Peer:
         self.lipschitz = lipschitz
         self.updates: list[wire.UpdateHeader] = []
         self.hellos: list[messages.Hello] = []
+        self.statuses: list[str] = []
         self.requests = 0
 
     def snapshot(self) -> None:
@@ -45,6 +47,8 @@ class Peer:
             kind = topics.parse(m.topic).kind
             if kind == "hello":
                 self.hellos.append(messages.parse(messages.Hello, m.payload))
+            elif kind == "status":
+                self.statuses.append(messages.parse(messages.Status, m.payload).state)
             elif kind == "request":
                 self.requests += 1
                 self.snapshot()
@@ -208,6 +212,52 @@ def test_max_rounds_ends_the_run(memory_url: str, peer: Peer, shard: Dataset) ->
         done.set()
         th.join()
     assert agent.rounds == 3
+    assert agent.finished  # its work is over: the CLI says "done", not "offline"
+    agent.close("done")
+    peer.pump()
+    assert peer.statuses == ["online", "done"]
+
+
+class _Reconnecting(MemoryTransport):
+    """Reaches the peer but reports no connection, as a ZeroMQ agent does between the
+    aggregator's restart and its next handshake."""
+
+    @property
+    def connected(self) -> bool:
+        return False
+
+
+def test_close_says_goodbye_even_while_the_transport_reports_no_connection(
+    memory_url: str, peer: Peer, shard: Dataset
+) -> None:
+    agent = make_agent(memory_url, shard)
+    agent.transport = _Reconnecting(memory_url, role="agent", client_id="a1")
+    agent.start()
+    agent.close("done")
+    peer.pump()
+    assert peer.statuses == ["online", "done"]
+
+
+def test_close_is_idempotent_and_survives_a_transport_closed_under_it(
+    memory_url: str, peer: Peer, shard: Dataset
+) -> None:
+    agent = make_agent(memory_url, shard)
+    agent.start()
+    agent.close("done")
+    agent.close("offline")  # a second goodbye would contradict the first
+    peer.pump()
+    assert peer.statuses == ["online", "done"]
+    other = make_agent(memory_url, shard)
+    other.start()
+    other.transport.close()
+    other.close()  # publish() after close() raises inside; close() logs it and returns
+
+
+def test_close_before_start_says_nothing(memory_url: str, peer: Peer, shard: Dataset) -> None:
+    agent = make_agent(memory_url, shard)
+    agent.close()
+    peer.pump()
+    assert peer.statuses == []
 
 
 def test_resync_of_an_answered_version_resends_the_same_update(

@@ -202,6 +202,8 @@ def test_agent_joins_trains_and_stops_on_command(
     assert code == 0, err
     assert summary["finished"] is True
     assert peer.hellos >= 1
+    # The goodbye was published just before the transport closed: it must not be lost.
+    wait_until(lambda: "done" in peer.statuses, 5, "the agent's done status")
     rounds = sorted(r for r, _ in peer.seen)
     assert rounds[: peer.version] == list(range(peer.version))
     final = np.load(tmp_path / "agent_model.npy")
@@ -226,6 +228,22 @@ def test_sigterm_stops_the_agent_cleanly(
     assert summary["finished"] is False and int(summary["updates"]) >= 3  # type: ignore[call-overload]
     assert "signal SIGTERM: stopping" in err
     wait_until(lambda: "offline" in peer.statuses, 10, "the agent's goodbye status")
+
+
+def test_max_rounds_ends_the_run_with_a_done_status(
+    zmq_peer: tuple[str, Peer], shard_file: Path, tmp_path: Path
+) -> None:
+    url, peer = zmq_peer
+    proc = start_agent(url, shard_file, tmp_path, "--max-rounds", "4")
+    try:
+        code, summary, err = finish(proc)  # exits on its own once its 4th update is applied
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 0, err
+    assert summary["finished"] is True and summary["rounds"] == 4
+    wait_until(lambda: "done" in peer.statuses, 5, "the agent's done status")
+    assert "offline" not in peer.statuses
 
 
 def test_agent_survives_a_broker_restart_without_losing_an_update(
