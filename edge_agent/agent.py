@@ -121,6 +121,7 @@ class AgentCounters:
     deltas: int = 0
     requests: int = 0
     resends: int = 0
+    resets: int = 0  # EF21 state resets the aggregator asked for
 
     def drop(self, reason: str) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
@@ -333,8 +334,23 @@ class Agent:
                 self._resend()
             elif ctl.version > self.version:
                 self._request_snapshot()
+        elif ctl.cmd == "reset":
+            if ctl.agent == self.config.agent_id:
+                self._reset_state()
         else:
             self.paused = ctl.cmd == "pause"
+
+    def _reset_state(self) -> None:
+        """The aggregator dropped its copy of our EF21 state (one of our changes reached it
+        too late to know whether it was applied): zero ours too and rejoin fresh. The update
+        it refused is answered again, from the zero state, once the hello is through."""
+        self.counters.resets += 1
+        log.warning("the aggregator reset this agent's error-feedback state; rejoining fresh")
+        self.feedback.reset()
+        self._last_blob = None  # never re-send a change computed from the old state
+        self.sent_version = None
+        self._fresh = True
+        self._say_hello()
 
     # ------------------------------------------------------------------ outbound
 
