@@ -14,7 +14,9 @@ Threads:
   3. if a new model version was committed: writes the checkpoint (every
      ``checkpoint_every`` versions; default 1, i.e. every version; a control command
      always checkpoints);
-  4. only then publishes the outbound messages to *every* transport.
+  4. only then publishes the outbound messages to *every* transport (a run of deltas, one
+     per version the batch committed, goes out as one merged delta: agents only ever
+     hold published versions).
 
   So a version is durable before any agent can see it, and after a crash the journal
   replays exactly what was applied (:func:`aggregator.store.recover`).
@@ -47,6 +49,7 @@ from aggregator.rounds import (
     Outbound,
     RoundEngine,
     RoundRecord,
+    merge_deltas,
 )
 from aggregator.settings import Settings, SettingsError
 from aggregator.store import JournalEntry, Store, recover
@@ -352,7 +355,7 @@ class AggregatorService:
         if snap is not None:
             self._store.write_checkpoint(snap, hwm)
             self._uncheckpointed = 0
-        self._publish(outbound)
+        self._publish(merge_deltas(outbound))
         for fut, result in done:
             fut.set_result(result)
         if self._observer is not None:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from aggregator.rounds import RoundEngine
+from aggregator.rounds import RoundEngine, merge_deltas
 from aggregator.service import AggregatorService
 from aggregator.settings import Settings, load_settings
 from aggregator.store import Store, recover
@@ -151,3 +151,57 @@ def test_history_has_every_version_when_the_process_dies_around_a_checkpoint(
     assert [v for v, _, _ in clean] == list(range(1, 13))
     crashed = _crash_run(tmp_path / "crashed", crash_at=crash_at, after_write=after_write)
     assert crashed == clean[: 4 * crash_at]
+
+
+# ---------------------------------------------------------------- merged deltas
+
+
+def _apply_all(x: np.ndarray, version: int, outbound: list[Any]) -> tuple[np.ndarray, int, int]:
+    """Apply every delta/snapshot as an agent does; return (x, version, deltas applied)."""
+    x = x.copy()
+    applied = 0
+    for o in outbound:
+        if o.topic not in (topics.delta(JOB), topics.model(JOB)):
+            continue
+        m = wire.decode_model(o.payload)
+        if isinstance(m, wire.Snapshot):
+            x, version = m.x.copy(), m.version
+        else:
+            assert m.base_version == version  # a chain: no agent would see a gap
+            m.apply(x)
+            version = m.version
+            applied += 1
+    return x, version, applied
+
+
+def test_a_batch_of_versions_is_broadcast_as_one_delta_with_the_same_bits() -> None:
+    d = 64
+    eng = RoundEngine(load_settings(job=JOB, d=d, mode="async", async_apply_every=2,
+                                    max_staleness=64, dedupe_window=64, min_agents=2,
+                                    step_size=0.3, snapshot_every=7).engine_config())  # fmt: skip
+    rng = np.random.default_rng(5)
+    outbound: list[Any] = []
+    for m in (hello("a", d), hello("b", d)):
+        outbound.extend(eng.handle(m.topic, m.payload, 0.0).outbound)
+    x0, v0, _ = _apply_all(np.zeros(d), 0, outbound)
+    batch: list[Any] = []
+    for seq in range(40):
+        agent = "ab"[seq % 2]
+        u = compress(rng.standard_normal(d), "topk", int(rng.integers(1, 12)))
+        blob = wire.encode(u, job=JOB, agent=agent, round=eng.version, seq=seq)
+        batch.extend(eng.handle(topics.update(JOB, agent), blob, 1.0).outbound)
+        if seq == 17:  # something else in the middle of the batch: a rejoin (snapshot)
+            late = hello("c", d)
+            batch.extend(eng.handle(late.topic, late.payload, 1.0).outbound)
+    merged = merge_deltas(batch)
+    x1, v1, n1 = _apply_all(x0, v0, batch)
+    x2, v2, n2 = _apply_all(x0, v0, merged)
+    assert v1 == v2 == eng.version == 20
+    assert x1.tobytes() == x2.tobytes() == eng.x.tobytes()
+    assert n1 == 20 and n2 < 6  # runs are broken only by the snapshots (every 7) and the hello
+    kinds = [o.topic.rsplit("/", 1)[-1] for o in merged]
+    assert kinds.count("delta") == n2 and kinds[-1] in ("delta", "model")
+    # non-delta messages keep their order
+    assert [o.payload for o in merged if o.delta is None] == [
+        o.payload for o in batch if o.delta is None
+    ]
