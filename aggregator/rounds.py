@@ -339,7 +339,8 @@ class RoundRecord:
     """One committed model version: what produced it and what it cost.
 
     ``agents`` maps each agent whose updates were accepted since the previous version to
-    ``{"t": entries sent (sum), "bytes": encoded bytes (sum), "updates": count}``;
+    ``{"t": entries sent (sum), "bytes": encoded bytes (sum), "updates": count, "packets",
+    "airtime_s", "energy_j": their cost on the agent's own profile (sums)}``;
     ``participants`` are the agents whose update entered this step (sync: reported for
     ``base_version``; async: among the K applied). ``latency_s = closed_at - opened_at``.
     """
@@ -351,7 +352,7 @@ class RoundRecord:
     reason: str
     gamma: float
     participants: tuple[str, ...]
-    agents: dict[str, dict[str, int]]
+    agents: dict[str, dict[str, float]]
     spend: Spend
     loss: float | None
     accuracy: float | None
@@ -375,9 +376,7 @@ class RoundRecord:
             reason=str(data["reason"]),
             gamma=float(data["gamma"]),
             participants=tuple(data["participants"]),
-            agents={
-                str(k): {kk: int(vv) for kk, vv in v.items()} for k, v in data["agents"].items()
-            },
+            agents={str(k): _agent_round(v) for k, v in data["agents"].items()},
             spend=Spend.from_dict(data["spend"]),
             loss=None if data.get("loss") is None else float(data["loss"]),
             accuracy=None if data.get("accuracy") is None else float(data["accuracy"]),
@@ -403,6 +402,21 @@ class Effects:
 
 
 _TOPIC_CACHE_MAX: Final = 8192
+
+#: per agent and round: entries (T) and bytes sent, updates, and their priced cost
+_AGENT_ROUND_ZERO: Final[dict[str, float]] = {
+    "t": 0, "bytes": 0, "updates": 0, "packets": 0, "airtime_s": 0.0, "energy_j": 0.0,
+}  # fmt: skip
+_AGENT_ROUND_FLOATS: Final = frozenset({"airtime_s", "energy_j"})
+
+
+def _agent_round(data: dict[str, Any]) -> dict[str, float]:
+    """A per-agent round entry from JSON (older entries lack the cost fields: zero)."""
+    out = dict(_AGENT_ROUND_ZERO)
+    for k, v in data.items():
+        out[str(k)] = float(v) if k in _AGENT_ROUND_FLOATS else int(v)
+    return out
+
 
 #: shared, immutable results of the common cases (no allocation per message)
 _NOTHING: Final = Effects()
@@ -608,7 +622,7 @@ class RoundEngine:
         self._gamma: float | None = None  # cached step size (hellos change it)
         self._contrib: dict[str, int] = {}  # participant -> number of contributing updates
         self._count = 0  # contributing updates (the async K counter)
-        self._round_agents: dict[str, dict[str, int]] = {}
+        self._round_agents: dict[str, dict[str, float]] = {}
         self._round_spend = Spend()
         self._opened_at: float | None = None
         self._evaluator = evaluator
@@ -924,10 +938,15 @@ class RoundEngine:
         self.accepted += 1
         self.totals.add(spend)
         self._round_spend.add(spend)
-        per = self._round_agents.setdefault(agent, {"t": 0, "bytes": 0, "updates": 0})
+        per = self._round_agents.get(agent)
+        if per is None:
+            per = self._round_agents[agent] = dict(_AGENT_ROUND_ZERO)
         per["t"] += header.t
         per["bytes"] += len(blob)
         per["updates"] += 1
+        per["packets"] += spend.packets
+        per["airtime_s"] += spend.airtime_s
+        per["energy_j"] += spend.energy_j
         if ef21:
             self._apply_ef21(agent, update)
         if contributes:
@@ -1329,9 +1348,7 @@ class RoundEngine:
         eng._touched = None  # which entries the open round touched is not in the checkpoint
         eng._contrib = {str(k): int(v) for k, v in rnd["contrib"].items()}
         eng._count = int(rnd["count"])
-        eng._round_agents = {
-            k: {kk: int(vv) for kk, vv in v.items()} for k, v in rnd["agents"].items()
-        }
+        eng._round_agents = {k: _agent_round(v) for k, v in rnd["agents"].items()}
         eng._round_spend = Spend.from_dict(rnd["spend"])
         eng._opened_at = rnd["opened_at"]
         eng.h = {a: snap.h[i].astype(np.float64, copy=True) for i, a in enumerate(snap.h_agents)}

@@ -165,6 +165,9 @@ class AgentRoundOut(_Out):
     t: int = Field(description="Entries sent (sum over the agent's updates this round).")
     bytes: int
     updates: int
+    packets: int = Field(default=0, description="Packets on the agent's link (its profile).")
+    airtime_s: float = Field(default=0.0, description="Airtime on the agent's link, seconds.")
+    energy_j: float = Field(default=0.0, description="Radio energy, joules.")
 
 
 class RoundOut(_Out):
@@ -196,7 +199,14 @@ class RoundOut(_Out):
             gamma=r.gamma,
             participants=list(r.participants),
             agents={
-                a: AgentRoundOut(t=v["t"], bytes=v["bytes"], updates=v["updates"])
+                a: AgentRoundOut(
+                    t=int(v["t"]),
+                    bytes=int(v["bytes"]),
+                    updates=int(v["updates"]),
+                    packets=int(v.get("packets", 0)),
+                    airtime_s=float(v.get("airtime_s", 0.0)),
+                    energy_j=float(v.get("energy_j", 0.0)),
+                )
                 for a, v in r.agents.items()
             },
             totals=CostTotals.actual(r.spend),

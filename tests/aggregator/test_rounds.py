@@ -658,3 +658,25 @@ def test_dedupe_log_stays_bounded_without_checkpoints() -> None:
         assert eff.reason is None
     assert len(eng._seen._log) <= 3 * 3 * 4096  # compacted as it grows, not 20,000 rows
     assert len(eng.export().seen) <= 3  # window of 2 versions + the current one
+
+
+def test_round_record_prices_each_agents_updates_on_its_own_profile() -> None:
+    from edge_agent.profiles import resolve_profile
+
+    eng = RoundEngine(EngineConfig(job=JOB, d=D, step_size=GAMMA), profiles=resolve_profile)
+    join(eng, "a", profile="lorawan_eu868_dr5_sf7")
+    join(eng, "b", profile="nbiot_udp_psm_rai")
+    eng.handle(*upd("a", topk_update(G_A, 5)), 1.0)
+    # mid-round, a checkpoint keeps the per-agent cost (floats stay floats)
+    eng = RoundEngine.restore(eng.config, eng.export(), profiles=resolve_profile)
+    rec = eng.handle(*upd("b", topk_update(G_B, 9)), 1.0).committed
+    assert rec is not None
+    a, b = rec.agents["a"], rec.agents["b"]
+    assert a["packets"] >= 1 and b["packets"] >= 1
+    assert a["airtime_s"] > 0 and b["energy_j"] > 0
+    assert isinstance(a["airtime_s"], float) and isinstance(a["packets"], int)
+    assert a["packets"] + b["packets"] == rec.spend.packets
+    assert a["airtime_s"] + b["airtime_s"] == pytest.approx(rec.spend.airtime_s, rel=1e-12)
+    assert a["energy_j"] + b["energy_j"] == pytest.approx(rec.spend.energy_j, rel=1e-12)
+    back = type(rec).from_dict(rec.to_dict())
+    assert back.agents == rec.agents
