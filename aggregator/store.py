@@ -10,7 +10,9 @@ Files in ``data_dir``:
     the engine state (:class:`~aggregator.rounds.EngineSnapshot`) plus ``journal_hwm``, the
     id of the last journal row it includes. Written atomically: a temporary file in the same
     directory, fsync, rename the current one to ``.prev``, rename the new one in, fsync the
-    directory. Every member is covered by a SHA-256 digest stored with it.
+    directory. Every member is covered by a SHA-256 digest stored with it. The open round's
+    accumulator is stored as its nonzeros (``acc_index``, ``acc_value``; files with a dense
+    ``acc`` member are read too) and the de-duplication keys as int32 when they fit.
 
 Recovery rule (the checkpoint plus the journal are authoritative):
 
@@ -66,6 +68,8 @@ CHECKPOINT_PREV: Final = "checkpoint.prev.npz"
 HISTORY_DB: Final = "history.sqlite"
 _TMP_PREFIX: Final = ".checkpoint-"
 _ARRAYS: Final = ("x", "acc", "h", "sum_h", "seen")
+#: what a file holds instead of a dense ``acc``: the open round's accumulator is sparse
+_STORED_ARRAYS: Final = ("x", "acc_index", "acc_value", "h", "sum_h", "seen")
 
 JournalKind = Literal["msg", "tick", "control"]
 
@@ -148,12 +152,17 @@ def encode_checkpoint(snap: EngineSnapshot, journal_hwm: int) -> bytes:
         {"engine": snap.meta, "h_agents": list(snap.h_agents), "journal_hwm": journal_hwm},
         sort_keys=True,
     ).encode()
+    acc_index = np.flatnonzero(snap.acc)
+    seen = snap.seen
+    if seen.size and int(seen.min()) >= 0 and int(seen.max()) < 2**31:
+        seen = seen.astype(np.int32)  # the reader widens it back to int64
     arrays: dict[str, np.ndarray[Any, Any]] = {
         "x": snap.x,
-        "acc": snap.acc,
+        "acc_index": acc_index,
+        "acc_value": snap.acc[acc_index],
         "h": snap.h,
         "sum_h": snap.sum_h,
-        "seen": snap.seen,
+        "seen": seen,
     }
     digest = _digest(arrays, meta).encode()
     buf = io.BytesIO()
@@ -170,10 +179,11 @@ def decode_checkpoint(blob: bytes) -> tuple[EngineSnapshot, int]:
     """Parse and validate checkpoint bytes; raises ValueError naming what is wrong."""
     try:
         with np.load(io.BytesIO(blob), allow_pickle=False) as z:
-            missing = {"meta", "digest", *_ARRAYS} - set(z.files)
+            names = _ARRAYS if "acc" in z.files else _STORED_ARRAYS  # older files: dense acc
+            missing = {"meta", "digest", *names} - set(z.files)
             if missing:
                 raise ValueError(f"missing members {sorted(missing)}")
-            arrays = {name: np.array(z[name]) for name in _ARRAYS}
+            arrays = {name: np.array(z[name]) for name in names}
             meta = z["meta"].tobytes()
             digest = z["digest"].tobytes().decode("ascii")
     except (OSError, zipfile.BadZipFile, EOFError, KeyError, UnicodeDecodeError) as exc:
@@ -181,9 +191,10 @@ def decode_checkpoint(blob: bytes) -> tuple[EngineSnapshot, int]:
     if _digest(arrays, meta) != digest:
         raise ValueError("digest mismatch (the file is corrupt)")
     info = json.loads(meta)
+    acc = arrays["acc"] if "acc" in arrays else _dense_acc(arrays)
     snap = EngineSnapshot(
         x=arrays["x"].astype(np.float64),
-        acc=arrays["acc"].astype(np.float64),
+        acc=acc.astype(np.float64),
         h_agents=tuple(info["h_agents"]),
         h=arrays["h"].astype(np.float64),
         sum_h=arrays["sum_h"].astype(np.float64),
@@ -191,6 +202,23 @@ def decode_checkpoint(blob: bytes) -> tuple[EngineSnapshot, int]:
         meta=info["engine"],
     )
     return snap, int(info["journal_hwm"])
+
+
+def _dense_acc(arrays: dict[str, np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
+    """The open round's accumulator from its stored nonzeros (validated)."""
+    x, index, value = arrays["x"], arrays["acc_index"], arrays["acc_value"]
+    if index.ndim != 1 or value.shape != index.shape or x.ndim != 1:
+        raise ValueError("acc_index / acc_value have inconsistent shapes")
+    if index.size and (
+        not np.issubdtype(index.dtype, np.integer)
+        or int(index[0]) < 0
+        or int(index[-1]) >= x.size
+        or not bool((index[1:] > index[:-1]).all())
+    ):
+        raise ValueError("acc_index is not a sorted set of indices into x")
+    acc = np.zeros(x.size, dtype=np.float64)
+    acc[index] = value
+    return acc
 
 
 def _fsync_dir(path: Path) -> None:

@@ -199,3 +199,69 @@ def test_checkpoint_of_another_job_is_refused(store: Store) -> None:
     run_two_rounds(Harness(store, RoundEngine(CONFIG)))
     with pytest.raises(CheckpointError, match="job"):
         recover(Store(store.dir), EngineConfig(job="other", d=D))
+
+
+# ---------------------------------------------------------------- compact checkpoint format
+
+
+def _mid_round_plain_engine() -> RoundEngine:
+    eng = RoundEngine(CONFIG)
+    eng.handle(*hello("a", "plain"), 0.0)
+    eng.handle(*hello("b", "plain"), 0.0)
+    g = np.zeros(D, dtype=np.float32)
+    g[[1, 5]] = [0.25, -3.0]
+    u = Update("dense", D, None, g)  # the job's compressor (hello); two nonzeros
+    eng.handle(topics.update(JOB, "a"), wire.encode(u, job=JOB, agent="a", round=0, seq=0), 1.0)
+    assert eng.version == 0 and eng.export().acc.any()  # b has not reported: round open
+    return eng
+
+
+def test_checkpoint_stores_the_open_rounds_accumulator_sparsely_and_restores_it() -> None:
+    eng = _mid_round_plain_engine()
+    blob = encode_checkpoint(eng.export(), 3)
+    with np.load(__import__("io").BytesIO(blob)) as z:
+        assert "acc" not in z.files
+        assert z["acc_index"].tolist() == [1, 5] and z["seen"].dtype == np.int32
+    snap, hwm = decode_checkpoint(blob)
+    assert hwm == 3 and snap.acc.tobytes() == eng.export().acc.tobytes()
+    assert snap.seen.dtype == np.int64 and snap.seen.tolist() == eng.export().seen.tolist()
+
+
+def test_checkpoint_written_with_a_dense_accumulator_still_loads() -> None:
+    """Files from before the sparse format (member "acc") are read as they were."""
+    import io
+    import json
+
+    from aggregator.store import _digest
+
+    eng = _mid_round_plain_engine()
+    snap = eng.export()
+    meta = json.dumps(
+        {"engine": snap.meta, "h_agents": list(snap.h_agents), "journal_hwm": 4}, sort_keys=True
+    ).encode()
+    arrays = {"x": snap.x, "acc": snap.acc, "h": snap.h, "sum_h": snap.sum_h, "seen": snap.seen}
+    buf = io.BytesIO()
+    np.savez(buf, meta=np.frombuffer(meta, np.uint8),
+             digest=np.frombuffer(_digest(arrays, meta).encode(), np.uint8), **arrays)  # fmt: skip
+    old, hwm = decode_checkpoint(buf.getvalue())
+    assert hwm == 4 and old.acc.tobytes() == snap.acc.tobytes()
+    restored = RoundEngine.restore(CONFIG, old)
+    assert restored.export().acc.tobytes() == snap.acc.tobytes()
+
+
+@pytest.mark.parametrize("index", [[5, 1], [1, D], [-1, 2]], ids=["unsorted", "beyond", "negative"])
+def test_checkpoint_with_a_bad_accumulator_index_is_refused(index: list[int]) -> None:
+    import io
+    import json
+
+    from aggregator.store import _digest
+
+    snap = _mid_round_plain_engine().export()
+    meta = json.dumps({"engine": snap.meta, "h_agents": [], "journal_hwm": 1}).encode()
+    arrays = {"x": snap.x, "acc_index": np.array(index, np.int64), "acc_value": np.ones(2),
+              "h": snap.h, "sum_h": snap.sum_h, "seen": snap.seen}  # fmt: skip
+    buf = io.BytesIO()
+    np.savez(buf, meta=np.frombuffer(meta, np.uint8),
+             digest=np.frombuffer(_digest(arrays, meta).encode(), np.uint8), **arrays)  # fmt: skip
+    with pytest.raises(ValueError, match="acc_index"):
+        decode_checkpoint(buf.getvalue())
