@@ -494,6 +494,8 @@ def _sorted_unique(parts: list[npt.NDArray[np.int64]]) -> npt.NDArray[np.int64]:
     if len(parts) == 1:
         return parts[0]
     idx = np.concatenate(parts)
+    if idx.size == 0:  # every part empty (updates with T = 0)
+        return idx
     idx.sort()
     keep = np.empty(idx.size, dtype=bool)
     keep[0] = True
@@ -552,7 +554,7 @@ class _Seen:
                 for r in [r for r in rounds if r < floor]:
                     del rounds[r]
         self._floor = floor
-        if len(self._log) > 3 * max(self._logged_rows, 4096):
+        if len(self._log) // 3 > 2 * max(self._logged_rows, 4096):  # rows doubled
             self.rows()
 
     def rows(self) -> npt.NDArray[np.int64]:

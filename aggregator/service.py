@@ -41,7 +41,6 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 
 from aggregator.rounds import (
-    MAX_PAYLOAD_BYTES,
     Decoded,
     Effects,
     Evaluator,
@@ -107,20 +106,29 @@ def build_evaluator(settings: Settings) -> Evaluator | None:
     return evaluate
 
 
+#: Updates up to this size are decoded together (sparse updates: the common case) ...
+BATCH_DECODE_MAX_BYTES = 256 * 1024
+#: ... up to this many payload bytes per batch: all their decoded arrays are alive at once
+#: (before the engine has checked job, agent or duplicates), so this bounds that memory.
+BATCH_DECODE_BUDGET_BYTES = 8 * 2**20
+
+
 def _decode_updates(batch: list[Message | _Command]) -> list[Decoded | None]:
-    """Decode the batch's updates in one :func:`~edge_agent.wire.decode_many` call (it
-    shares numpy calls between messages); None where the engine should decode itself (not
-    an update topic, not bytes, oversized: the engine rejects those on its own terms)."""
+    """Decode the batch's small updates in one :func:`~edge_agent.wire.decode_many` call
+    (it shares numpy calls between messages); None where the engine decodes itself, one at
+    a time (not an update topic, not bytes, large, or beyond the batch's byte budget)."""
     out: list[Decoded | None] = [None] * len(batch)
     at: list[int] = []
+    budget = BATCH_DECODE_BUDGET_BYTES
     for i, item in enumerate(batch):
         if (
             isinstance(item, Message)
             and "/update/" in item.topic
             and isinstance(item.payload, bytes)
-            and len(item.payload) <= MAX_PAYLOAD_BYTES
+            and len(item.payload) <= min(BATCH_DECODE_MAX_BYTES, budget)
         ):
             at.append(i)
+            budget -= len(item.payload)
     if len(at) > 1:
         results = wire.decode_many([batch[i].payload for i in at])  # type: ignore[union-attr]
         for i, result in zip(at, results, strict=True):

@@ -680,3 +680,23 @@ def test_round_record_prices_each_agents_updates_on_its_own_profile() -> None:
     assert a["energy_j"] + b["energy_j"] == pytest.approx(rec.spend.energy_j, rel=1e-12)
     back = type(rec).from_dict(rec.to_dict())
     assert back.agents == rec.agents
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_round_of_empty_updates_closes_without_changing_x(mode: str) -> None:
+    """T = 0 is a valid update (nothing worth its cost); a round made only of those must
+    close cleanly (it used to raise inside the step, and the next tick killed ingest)."""
+    eng = make_engine(mode=mode, async_apply_every=2, max_staleness=2, dedupe_window=4)
+    join(eng, "a", "b")
+    empty = Update("topk", D, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
+    deltas = []
+    for agent in ("a", "b"):
+        eff = eng.handle(*upd(agent, empty), 1.0)
+        assert eff.reason is None
+        deltas += [o for o in eff.outbound if o.topic == topics.delta(JOB)]
+    (delta,) = deltas
+    decoded = wire.decode_model(delta.payload)
+    assert isinstance(decoded, wire.Delta) and decoded.indices.size == 0
+    assert eng.version == 1 and not eng.x.any()
+    assert eng.rejected["internal_error"] == 0
+    eng.tick(100.0)  # deadlines, liveness: must not raise

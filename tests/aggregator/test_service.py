@@ -205,3 +205,27 @@ def test_a_batch_of_versions_is_broadcast_as_one_delta_with_the_same_bits() -> N
     assert [o.payload for o in merged if o.delta is None] == [
         o.payload for o in batch if o.delta is None
     ]
+
+
+def test_only_small_updates_within_the_byte_budget_are_decoded_as_a_batch() -> None:
+    """Batch decoding keeps every decoded array of the batch alive at once: it takes small
+    updates up to a byte budget and leaves the rest to the engine, one at a time."""
+    from aggregator import service
+
+    d = 100_000
+    rng = np.random.default_rng(1)
+    small = wire.encode(compress(rng.standard_normal(d), "topk", 50), job=JOB, agent="a",
+                        round=0, seq=0)  # fmt: skip
+    dense = wire.encode(compress(rng.standard_normal(d), "dense", d), job=JOB, agent="a",
+                        round=0, seq=1)  # fmt: skip
+    assert len(small) < 1000 and len(dense) > service.BATCH_DECODE_MAX_BYTES
+    topic = topics.update(JOB, "a")
+    n_small = service.BATCH_DECODE_BUDGET_BYTES // len(small) + 10
+    batch: list[Any] = [Message(topic, dense), *[Message(topic, small)] * n_small]
+    batch.append(Message(topics.hello(JOB, "a"), small))  # not an update topic
+    out = service._decode_updates(batch)
+    assert out[0] is None and out[-1] is None  # the large one, the hello
+    decoded = [r for r in out[1:-1] if r is not None]
+    assert n_small - 11 <= len(decoded) < n_small  # the budget, not more
+    header, update = decoded[0]  # type: ignore[misc]
+    assert header.seq == 0 and update.t == 50
