@@ -487,8 +487,10 @@ def run_case(transport: str, url_for: Callable[[], str], n: int, repeats: int, a
             "aggregator_updates_per_s": agg_rate,
             "raw_updates_per_s": raw_rate,
             "ratio": agg_rate / raw_rate,
-            "target": 0.5,
-            "meets_target": agg_rate / raw_rate >= 0.5,
+            # the target is against a paho subscriber through the broker; a raw
+            # PULL socket is C speed end to end, so ZeroMQ is reported without one
+            "target": 0.5 if transport == "mqtt" else None,
+            "meets_target": agg_rate / raw_rate >= 0.5 if transport == "mqtt" else None,
             "aggregator_runs": agg_rates,
             "raw_runs": raw_rates,
             "versions": info.get("versions"),
