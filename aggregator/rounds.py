@@ -617,10 +617,10 @@ class RoundEngine:
         #: indices the open round's plain updates touched (None: unknown or all), so a
         #: step costs O(touched) instead of several passes over d; same floats either way
         self._touched: list[npt.NDArray[np.int64]] | None = []
-        #: sparse plain updates not yet added to _acc: (indices, values, weight), in arrival
-        #: order; one np.add.at per round adds them in that order (the same floats as one
-        #: ``acc[idx] += w * values`` per update, for a fraction of the numpy calls)
-        self._pending: list[tuple[npt.NDArray[np.int64], npt.NDArray[Any], float]] = []
+        #: sparse plain updates not yet added to _acc, with their weights, in arrival order;
+        #: one np.add.at per round adds them in that order (the same floats as one
+        #: ``update.add_to(acc, w)`` per update, for a fraction of the numpy calls)
+        self._pending: list[tuple[Update, float]] = []
         self._gamma: float | None = None  # cached step size (hellos change it)
         self._contrib: dict[str, int] = {}  # participant -> number of contributing updates
         self._count = 0  # contributing updates (the async K counter)
@@ -961,7 +961,7 @@ class RoundEngine:
                     and update.indices is not None
                     and update.scale is None
                 ):
-                    self._pending.append((update.indices, update.values, weight))
+                    self._pending.append((update, weight))
                     self._touched.append(update.indices)
                 else:
                     self._flush_pending()
@@ -1114,20 +1114,16 @@ class RoundEngine:
             return
         self._pending = []
         if len(pending) == 1:
-            idx, values, weight = pending[0]
-            vals = np.asarray(values, dtype=np.float64)
-            self._acc[idx] += vals * weight if weight != 1.0 else vals
+            update, weight = pending[0]
+            update.add_to(self._acc, weight)
             return
-        idx = np.concatenate([p[0] for p in pending])
+        updates = [u for u, _ in pending]
+        idx = np.concatenate([u.indices for u in updates if u.indices is not None])
         # float16/32 -> float64 is exact, so promoting first changes no value
-        vals = np.concatenate([p[1] for p in pending]).astype(np.float64, copy=False)
-        if any(p[2] != 1.0 for p in pending):
-            vals = vals * np.repeat([p[2] for p in pending], [p[0].size for p in pending])
+        vals = np.concatenate([u.values for u in updates]).astype(np.float64, copy=False)
+        if any(w != 1.0 for _, w in pending):
+            vals = vals * np.repeat([w for _, w in pending], [u.t for u in updates])
         np.add.at(self._acc, idx, vals)
-
-    def _flushed_acc(self) -> FloatArray:
-        self._flush_pending()
-        return self._acc
 
     def _close(self, now: float, reason: str) -> Effects:
         cfg = self.config
@@ -1253,6 +1249,7 @@ class RoundEngine:
         """A deep copy of the whole state (for a checkpoint)."""
         names = list(self.agents)
         self._prune_seen()
+        self._flush_pending()
         seen = self._seen.rows()
         h_agents = tuple(self.h)
         d = self.config.d
@@ -1286,7 +1283,7 @@ class RoundEngine:
         json.dumps(meta)  # fail here, not in the writer, if something is not JSON-able
         return EngineSnapshot(
             x=self.x.copy(),
-            acc=self._flushed_acc().copy(),
+            acc=self._acc.copy(),
             h_agents=h_agents,
             h=h,
             sum_h=np.zeros(0) if self.sum_h is None else self.sum_h.copy(),

@@ -357,7 +357,7 @@ class AggregatorService:
             )
             snap = eng.export() if checkpoint else None
             agents = [a.copy() for a in eng.agents.values()] if records else []
-            rejected = dict(eng.rejected)
+            rejected = dict(eng.rejected) if records else None
         # inputs and the history rows they produced: one transaction, then the checkpoint
         hwm = self._store.commit(entries, records, agents=agents, rejected=rejected)
         if snap is not None:

@@ -270,17 +270,19 @@ class Store:
         agents: Iterable[AgentInfo] = (),
         rejected: dict[str, int] | None = None,
     ) -> int:
-        """Append journal ``entries`` and the history rows of the versions they committed in
-        one transaction; return the id of the last journal row.
+        """Append journal ``entries`` and the history rows of the versions they committed
+        (with the agent registry and the rejection counters, when given) in one transaction;
+        return the id of the last journal row.
 
         One transaction, so the history can never miss a version whose inputs are in the
         journal: a crash before the next checkpoint replays those inputs and rewrites the
         same rows (idempotent per version); a crash after it finds them written.
         """
         rows = [_round_row(r) for r in records]
-        agent_rows = [(a.agent, json.dumps(a.to_dict())) for a in agents] if rows else []
+        agent_rows = [(a.agent, json.dumps(a.to_dict())) for a in agents]
+        history = bool(rows or agent_rows or rejected)
         with self._lock:
-            if entries or rows:
+            if entries or history:
                 self._db.execute("BEGIN")
                 try:
                     if entries:
@@ -288,7 +290,7 @@ class Store:
                             "INSERT INTO journal (kind, now, topic, payload) VALUES (?, ?, ?, ?)",
                             [(e.kind, e.now, e.topic, e.payload) for e in entries],
                         )
-                    if rows:
+                    if history:
                         self._write_history(rows, agent_rows, rejected)
                 except BaseException:
                     self._db.execute("ROLLBACK")
@@ -381,16 +383,7 @@ class Store:
         rejected: dict[str, int] | None = None,
     ) -> None:
         """Write history rows (idempotent per version), the registry and the counters."""
-        rows = [_round_row(r) for r in records]
-        agent_rows = [(a.agent, json.dumps(a.to_dict())) for a in agents]
-        with self._lock:
-            self._db.execute("BEGIN")
-            try:
-                self._write_history(rows, agent_rows, rejected)
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        self.commit((), records, agents=agents, rejected=rejected)
 
     def _write_history(
         self,

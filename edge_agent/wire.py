@@ -348,6 +348,9 @@ _SIGNS = np.array([1, -1], dtype=np.int8)
 def _uvarint_at(buf: bytes, pos: int) -> tuple[int, int]:
     """(value, next offset) of the uvarint at ``pos``; value -1 unless it is in shortest
     form and at most 10 bytes long. IndexError when truncated."""
+    b = buf[pos]
+    if b < 0x80:  # one byte: the common case
+        return b, pos + 1
     n = 0
     shift = 0
     while True:
@@ -379,26 +382,10 @@ def _header_fast(buf: bytes) -> _Head | None:
         agent = _VALID_IDS.get(buf[start:pos])
         if job is None or agent is None or pos > len(buf):  # (a truncated slice is shorter)
             return None
-        rnd = buf[pos]
-        if rnd < 0x80:
-            pos += 1
-        else:
-            rnd, pos = _uvarint_at(buf, pos)
-        seq = buf[pos]
-        if seq < 0x80:
-            pos += 1
-        else:
-            seq, pos = _uvarint_at(buf, pos)
-        d = buf[pos]
-        if d < 0x80:
-            pos += 1
-        else:
-            d, pos = _uvarint_at(buf, pos)
-        t = buf[pos]
-        if t < 0x80:
-            pos += 1
-        else:
-            t, pos = _uvarint_at(buf, pos)
+        rnd, pos = _uvarint_at(buf, pos)
+        seq, pos = _uvarint_at(buf, pos)
+        d, pos = _uvarint_at(buf, pos)
+        t, pos = _uvarint_at(buf, pos)
     except IndexError:
         return None
     if not (0 <= rnd <= _MAX_U63 and 0 <= seq <= _MAX_U63 and 0 < d <= MAX_D and 0 <= t <= d):

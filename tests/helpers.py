@@ -18,6 +18,17 @@ MOSQUITTO: str | None = shutil.which("mosquitto", path=_SEARCH_PATH)
 MOSQUITTO_PASSWD: str | None = shutil.which("mosquitto_passwd", path=_SEARCH_PATH)
 
 
+def uvarint(n: int) -> bytes:
+    """The wire format's unsigned LEB128 varint, written from the spec (not from
+    edge_agent.wire): for tests that build messages by hand."""
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n >> 7 else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
 def free_port(host: str = HOST) -> int:
     """A TCP port that was free on ``host`` a moment ago (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

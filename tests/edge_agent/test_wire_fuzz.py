@@ -13,6 +13,7 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
+from helpers import uvarint
 
 from edge_agent.compressors import Update
 from edge_agent.errors import WireFormatError
@@ -40,15 +41,6 @@ EXTREME = [
     2**70,
 ]
 Decoder = Callable[[bytes], object]
-
-
-def uvarint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        out.append((n & 0x7F) | (0x80 if n >> 7 else 0))
-        n >>= 7
-        if not n:
-            return bytes(out)
 
 
 def _pool(rng: np.random.Generator) -> list[bytes]:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
+from helpers import uvarint
 
 from edge_agent import wire
 from edge_agent.compressors import Update
@@ -31,15 +32,6 @@ ROUNDS = [0, 1, 127, 128, 1000, 2**14, 2**35, 2**63 - 1]
 
 
 # ---------------------------------------------------------------- helpers
-
-
-def uvarint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        out.append((n & 0x7F) | (0x80 if n >> 7 else 0))
-        n >>= 7
-        if not n:
-            return bytes(out)
 
 
 def ident(s: str) -> bytes:
