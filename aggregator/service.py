@@ -171,7 +171,6 @@ class AggregatorService:
         self._publish_failures = 0
         self._stop_requested = False
         self._uncheckpointed = 0  # committed versions not yet in a checkpoint file
-        self.started_at: float | None = None
         self.recovered_from = ""
 
     # ------------------------------------------------------------------ lifecycle
@@ -211,7 +210,6 @@ class AggregatorService:
                 *self._engine.state_controls(),
             ]
         )
-        self.started_at = self._clock()
         self._threads.append(threading.Thread(target=self._ingest, name="ingest", daemon=True))
         for th in self._threads:
             th.start()

@@ -442,10 +442,6 @@ class Store:
             row = self._db.execute("SELECT MAX(version) FROM rounds").fetchone()
         return None if row is None or row[0] is None else int(row[0])
 
-    def rejections(self) -> dict[str, int]:
-        with self._lock:
-            return {r: int(n) for r, n in self._db.execute("SELECT reason, count FROM rejections")}
-
 
 def _round_row(r: RoundRecord) -> tuple[Any, ...]:
     s = r.spend
