@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from edge_agent.errors import TransportError
-from edge_agent.profiles import CostProfile, fit_affine, measured_profile, save_profile
+from edge_agent.profile_fit import fit_affine, measured_profile
+from edge_agent.profiles import CostProfile, save_profile
 
 DEFAULT_SIZES = tuple(2**k for k in range(4, 17))  # 16 B .. 64 KiB
 

@@ -33,8 +33,8 @@ import json
 import os
 import sys
 from abc import abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal, TypeAlias, overload
 
@@ -53,6 +53,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
+from edge_agent.cost import METRICS, Cost, Direction, Metric
 from edge_agent.errors import ProfileError
 
 __all__ = [
@@ -61,25 +62,21 @@ __all__ = [
     "AffineCoefficients",
     "AffineProfile",
     "CostProfile",
+    "DownlinkPart",
     "MeasuredPoint",
     "MeasuredProfile",
     "MessageCost",
     "Metric",
     "PacketProfile",
-    "affine_profile",
     "default_profiles_dir",
-    "fit_affine",
     "list_profiles",
     "load_profile",
-    "measured_profile",
     "parse_profile",
     "profile_to_json",
     "resolve_profile",
     "save_profile",
 ]
 
-Metric: TypeAlias = Literal["bits", "packets", "airtime_s", "energy_j"]
-METRICS: Final[tuple[Metric, ...]] = ("bits", "packets", "airtime_s", "energy_j")
 KINDS: Final[tuple[str, ...]] = ("packet", "affine", "measured")
 
 PROFILES_DIR_ENV: Final = "CAT_EDGE_PROFILES_DIR"
@@ -87,9 +84,9 @@ PROFILES_DIR_ENV: Final = "CAT_EDGE_PROFILES_DIR"
 
 IntArray: TypeAlias = NDArray[np.int64]
 FloatArray: TypeAlias = NDArray[np.float64]
-Cost: TypeAlias = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+CostValue: TypeAlias = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 """A finite cost >= 0 in the metric's unit."""
-MetricCosts: TypeAlias = dict[Metric, Cost]
+MetricCosts: TypeAlias = dict[Metric, CostValue]
 
 _NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
@@ -116,6 +113,11 @@ class MessageCost:
     energy_j: float
     silence_s: float
 
+    @property
+    def cost(self) -> Cost:
+        """This message as a :class:`edge_agent.cost.Cost` (one message), for adding up."""
+        return Cost(1, self.size_bytes, self.bits, self.packets, self.airtime_s, self.energy_j)
+
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -124,22 +126,70 @@ class _Frozen(BaseModel):
 class AffineCoefficients(_Frozen):
     """``cost = a + b * B_link``: ``a`` in metric units, ``b`` in metric units per byte."""
 
-    a: Cost
-    b: Cost
+    a: CostValue
+    b: CostValue
 
 
 class MeasuredPoint(_Frozen):
     """One measurement: the cost of a message of ``size_bytes`` link bytes, per metric."""
 
     size_bytes: NonNegativeInt
-    bits: Cost | None = None
-    packets: Cost | None = None
-    airtime_s: Cost | None = None
-    energy_j: Cost | None = None
+    bits: CostValue | None = None
+    packets: CostValue | None = None
+    airtime_s: CostValue | None = None
+    energy_j: CostValue | None = None
 
     def defined(self) -> frozenset[Metric]:
         """The metrics this point gives a value for."""
         return frozenset(m for m in METRICS if getattr(self, m) is not None)
+
+
+class DownlinkPart(_Frozen):
+    """What *receiving* a message costs the device, and the caps its network sets.
+
+    Same formula as a ``packet`` profile, on the downlink's own numbers: for a message of
+    ``B`` application bytes, ``B_link = B + message_overhead_bytes``, ``packets =
+    ceil(B_link / max_payload_bytes)`` (one packet when ``max_payload_bytes`` is None),
+    ``cost(metric) = per_message + per_packet * packets + per_byte * B_link``: bits
+    received, downlink packets, the downlink's airtime (seconds the device's radio listens
+    to it) and the device's energy at its receive current (joules).
+
+    ``sender_duty_cycle``: the duty cycle the *sender* of downlinks must keep (a LoRaWAN
+    gateway's sub-band, for example); the aggregator paces what it sends to this device
+    accordingly. ``max_messages_per_day``: the network's cap on downlinks to one device per
+    day (community LoRaWAN networks: about 10, Sigfox: 4). None: no such limit.
+    """
+
+    max_payload_bytes: PositiveInt | None = None
+    message_overhead_bytes: NonNegativeInt = 0
+    per_packet_overhead_bytes: NonNegativeInt = 0
+    per_message: MetricCosts = Field(default_factory=dict)
+    per_packet: MetricCosts = Field(default_factory=dict)
+    per_byte: MetricCosts = Field(default_factory=dict)
+    sender_duty_cycle: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    max_messages_per_day: PositiveInt | None = None
+    estimated: tuple[str, ...] = ()
+    notes: str | None = None
+
+    def packet_count(self, link_bytes: IntArray) -> IntArray:
+        if self.max_payload_bytes is None:
+            return np.ones_like(link_bytes)
+        return _ceil_div(link_bytes, self.max_payload_bytes)
+
+    def metric_cost(self, metric: Metric, link_bytes: IntArray) -> FloatArray:
+        """Cost of ``metric`` for received messages of ``link_bytes`` bytes (vectorised)."""
+        out = self.per_byte.get(metric, 0.0) * link_bytes.astype(np.float64)
+        out += self.per_message.get(metric, 0.0)
+        per_packet = self.per_packet.get(metric, 0.0)
+        if per_packet:
+            out += per_packet * self.packet_count(link_bytes)
+        return out
+
+    def sender_silence_s(self, airtime_s: float) -> float:
+        """Seconds the sender must stay silent after ``airtime_s`` of downlink."""
+        if self.sender_duty_cycle is None:
+            return 0.0
+        return airtime_s * (1.0 / self.sender_duty_cycle - 1.0)
 
 
 class CostProfile(_Frozen):
@@ -163,6 +213,9 @@ class CostProfile(_Frozen):
     """Header bytes each link packet adds on air; only reported in ``bytes_on_air``."""
     max_payload_bytes: PositiveInt | None = None
     """Largest link payload of one packet in bytes; None: one packet per message."""
+    downlink: DownlinkPart | None = None
+    """What receiving costs; None: a symmetric link (receiving a message costs what sending
+    it would, with no downlink caps)."""
 
     # --- per-kind hooks -------------------------------------------------------------
 
@@ -253,6 +306,50 @@ class CostProfile(_Frozen):
             energy_j=costs["energy_j"],
             silence_s=self.silence_s(costs["airtime_s"]),
         )
+
+    def downlink_cost(self, size_bytes: int) -> MessageCost:
+        """What receiving one message of ``size_bytes`` application bytes costs the device.
+
+        ``silence_s`` is the silence the *sender* owes afterwards (the downlink's
+        ``sender_duty_cycle``), 0.0 when it has none. Without a downlink part the link is
+        symmetric: the uplink's costs, no silence.
+        """
+        down = self.downlink
+        if down is None:
+            return replace(self.message_cost(size_bytes), silence_s=0.0)
+        link_bytes = _check_size(size_bytes) + down.message_overhead_bytes
+        link = np.array([link_bytes], dtype=np.int64)
+        packets = int(down.packet_count(link)[0])
+        costs = {m: float(down.metric_cost(m, link)[0]) for m in METRICS}
+        return MessageCost(
+            size_bytes=int(size_bytes),
+            link_bytes=link_bytes,
+            packets=packets,
+            bytes_on_air=link_bytes + packets * down.per_packet_overhead_bytes,
+            bits=costs["bits"],
+            airtime_s=costs["airtime_s"],
+            energy_j=costs["energy_j"],
+            silence_s=down.sender_silence_s(costs["airtime_s"]),
+        )
+
+    def price(self, size_bytes: int, direction: Direction = "up") -> MessageCost:
+        """:meth:`message_cost` (``up``, what sending costs) or :meth:`downlink_cost` (``down``)."""
+        if direction == "up":
+            return self.message_cost(size_bytes)
+        return self.downlink_cost(size_bytes)
+
+    def downlink_objective_cost(self, size_bytes: NDArray[np.integer[Any]]) -> FloatArray:
+        """Receiving cost in the profile's objective unit, vectorised over sizes (bytes)."""
+        sizes = np.asarray(size_bytes, dtype=np.int64)
+        down = self.downlink
+        if down is None:
+            return np.asarray(self.objective_cost(sizes), dtype=np.float64)
+        link = sizes.reshape(-1) + down.message_overhead_bytes
+        return down.metric_cost(self.objective, link).reshape(sizes.shape)
+
+    @property
+    def max_downlinks_per_day(self) -> int | None:
+        return None if self.downlink is None else self.downlink.max_messages_per_day
 
     def silence_s(self, airtime_s: float) -> float:
         """Seconds of enforced silence after ``airtime_s`` seconds on air (duty cycle)."""
@@ -417,6 +514,7 @@ _KIND_MODELS: Final[dict[str, type[CostProfile]]] = {
     "measured": MeasuredProfile,
 }
 _NESTED_MODELS: Final[dict[str, type[BaseModel]]] = {
+    "downlink": DownlinkPart,
     "points": MeasuredPoint,
     "coefficients": AffineCoefficients,
 }
@@ -608,115 +706,3 @@ def resolve_profile(name_or_path: str) -> CostProfile:
             f"known profiles: {', '.join(known) or 'none'}"
         )
     return load_profile(path)
-
-
-# --- constructor helpers (for `edge-agent calibrate`) ---------------------------------
-
-
-def fit_affine(
-    sizes_bytes: Sequence[int] | NDArray[Any], values: Sequence[float] | NDArray[Any]
-) -> tuple[float, float]:
-    """Least-squares ``(a, b)`` with ``a, b >= 0`` so that ``values ≈ a + b * sizes_bytes``.
-
-    Units: ``a`` in the values' unit, ``b`` in that unit per byte. The constraint keeps
-    the fit a valid (nonnegative, nondecreasing) cost: when the unconstrained fit has a
-    negative coefficient, the best fit on the boundary is returned. Needs at least two
-    distinct sizes.
-    """
-    x = np.asarray(sizes_bytes, dtype=np.float64).reshape(-1)
-    y = np.asarray(values, dtype=np.float64).reshape(-1)
-    if x.shape != y.shape:
-        raise ValueError(f"sizes and values differ in length: {x.size} vs {y.size}")
-    if x.size < 2 or np.ptp(x) == 0:
-        raise ValueError("fit_affine needs at least two distinct sizes")
-    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
-        raise ValueError("fit_affine needs finite sizes and values")
-    design = np.column_stack([np.ones_like(x), x])
-    (a, b), *_ = np.linalg.lstsq(design, y, rcond=None)
-    if a >= 0 and b >= 0:
-        return float(a), float(b)
-    # Constrained optimum lies on a boundary: a = 0 (line through the origin) or b = 0.
-    xx = float(x @ x)
-    candidates = [(0.0, max(float(x @ y) / xx, 0.0)), (max(float(y.mean()), 0.0), 0.0)]
-    residual = [float(np.sum((ca + cb * x - y) ** 2)) for ca, cb in candidates]
-    return candidates[int(np.argmin(residual))]
-
-
-def _build(fields: dict[str, Any], source: str) -> CostProfile:
-    return parse_profile({k: v for k, v in fields.items() if v is not None}, source)
-
-
-def measured_profile(
-    name: str,
-    points: Iterable[Mapping[str, float]],
-    objective: Metric,
-    *,
-    description: str = "",
-    sources: Sequence[str] = (),
-    estimated: Sequence[str] = (),
-    duty_cycle: float | None = None,
-    notes: str | None = None,
-    message_overhead_bytes: int = 0,
-    max_payload_bytes: int | None = None,
-    per_packet_overhead_bytes: int = 0,
-) -> CostProfile:
-    """A validated ``measured`` profile from points ``{"size_bytes": n, "<metric>": value}``.
-
-    ``size_bytes`` are link bytes (application bytes + ``message_overhead_bytes``);
-    a calibration that measures whole messages through the real stack has the framing
-    inside its values and keeps ``message_overhead_bytes`` at 0. Raises ProfileError.
-    """
-    return _build(
-        {
-            "kind": "measured",
-            "name": name,
-            "description": description or f"measured cost profile {name}",
-            "objective": objective,
-            "sources": list(sources),
-            "estimated": list(estimated),
-            "duty_cycle": duty_cycle,
-            "notes": notes,
-            "message_overhead_bytes": message_overhead_bytes,
-            "max_payload_bytes": max_payload_bytes,
-            "per_packet_overhead_bytes": per_packet_overhead_bytes,
-            "points": [dict(p) for p in points],
-        },
-        f"<measured profile {name}>",
-    )
-
-
-def affine_profile(
-    name: str,
-    coefficients: Mapping[str, tuple[float, float]],
-    objective: Metric,
-    *,
-    description: str = "",
-    sources: Sequence[str] = (),
-    estimated: Sequence[str] = (),
-    duty_cycle: float | None = None,
-    notes: str | None = None,
-    message_overhead_bytes: int = 0,
-    max_payload_bytes: int | None = None,
-    per_packet_overhead_bytes: int = 0,
-) -> CostProfile:
-    """A validated ``affine`` profile from ``{metric: (a, b)}`` (e.g. from fit_affine).
-
-    Raises ProfileError.
-    """
-    return _build(
-        {
-            "kind": "affine",
-            "name": name,
-            "description": description or f"affine cost profile {name}",
-            "objective": objective,
-            "sources": list(sources),
-            "estimated": list(estimated),
-            "duty_cycle": duty_cycle,
-            "notes": notes,
-            "message_overhead_bytes": message_overhead_bytes,
-            "max_payload_bytes": max_payload_bytes,
-            "per_packet_overhead_bytes": per_packet_overhead_bytes,
-            "coefficients": {m: {"a": a, "b": b} for m, (a, b) in coefficients.items()},
-        },
-        f"<affine profile {name}>",
-    )

@@ -14,16 +14,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from edge_agent.errors import ProfileError
+from edge_agent.profile_fit import fit_affine, measured_profile
 from edge_agent.profiles import (
     METRICS,
     PROFILES_DIR_ENV,
     CostProfile,
     MessageCost,
     default_profiles_dir,
-    fit_affine,
     list_profiles,
     load_profile,
-    measured_profile,
     parse_profile,
     resolve_profile,
     save_profile,
