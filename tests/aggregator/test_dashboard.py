@@ -237,17 +237,17 @@ def read_png_rgb(path: Path) -> tuple[int, int, list[bytes]]:
     rows: list[bytes] = []
     for y in range(height):
         start = y * (stride + 1)
-        kind, line = raw[start], bytearray(raw[start + 1 : start + 1 + stride])
-        if kind == 1:
+        filt, line = raw[start], bytearray(raw[start + 1 : start + 1 + stride])
+        if filt == 1:
             for i in range(bpp, stride):
                 line[i] = (line[i] + line[i - bpp]) & 0xFF
-        elif kind == 2:
+        elif filt == 2:
             line = bytearray((a + b) & 0xFF for a, b in zip(line, prev, strict=True))
-        elif kind == 3:
+        elif filt == 3:
             for i in range(stride):
                 left = line[i - bpp] if i >= bpp else 0
                 line[i] = (line[i] + ((left + prev[i]) >> 1)) & 0xFF
-        elif kind == 4:
+        elif filt == 4:
             for i in range(stride):
                 a = line[i - bpp] if i >= bpp else 0
                 b, c = prev[i], (prev[i - bpp] if i >= bpp else 0)

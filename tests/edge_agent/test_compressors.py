@@ -105,6 +105,7 @@ def test_randk_same_seed_same_update() -> None:
     g = np.random.default_rng(1).standard_normal(1000)
     a = ea.compress(g, "randk", 30, rng=np.random.default_rng(7))
     b = ea.compress(g, "randk", 30, rng=np.random.default_rng(7))
+    assert a.indices is not None and b.indices is not None
     assert np.array_equal(a.indices, b.indices) and np.array_equal(a.values, b.values)
 
 
