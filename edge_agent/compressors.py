@@ -2,7 +2,7 @@
 
 Each compressor maps a vector ``g`` (d float64 entries) and a level ``T`` to an
 :class:`Update` whose reconstruction ``u = update.to_dense()`` is *pre-scaled* so that the
-aggregator always steps ``x <- x - (1/L) * mean_i(u_i)`` (docs: ../shared/ALGORITHM.md):
+aggregator always steps ``x <- x - (1/L) * mean_i(u_i)`` (docs/algorithm.md derives each gain):
 
 =========  =======================================  =====================================
 name       sends                                    reconstruction u
@@ -171,8 +171,8 @@ def compress_signtopk(
 def randk_probabilities(absg: FloatArray, t: float) -> tuple[FloatArray, float]:
     """Water-filling keep-probabilities p_i = min(1, lam*|g_i|) with sum p_i = t.
 
-    Returns (p, V) where V = sum g_i^2 / p_i over entries with p_i > 0 (the variance term of
-    ALGORITHM.md). Requires 0 < t <= nnz(g).
+    Returns (p, V) where V = sum g_i^2 / p_i over entries with p_i > 0: the variance term
+    in randk's expected gain ||g||^4 / (2 L V) (docs/algorithm.md). Requires 0 < t <= nnz(g).
     """
     mags = np.sort(absg)[::-1]
     nnz = int(np.count_nonzero(mags))

@@ -1,4 +1,4 @@
-"""Error feedback, as options on top of any compressor (../shared/ALGORITHM.md).
+"""Error feedback, as options on top of any compressor (docs/algorithm.md, "Error feedback").
 
 Both remedies keep agent-side memory of what compression dropped, so that biased
 compressors (topk, signtopk) averaged over many agents do not stall at a noise floor.

@@ -106,7 +106,7 @@ def test_cat_is_never_worse_than_dense_per_unit_cost(link: Link) -> None:
 
 
 def test_pure_payload_cost_picks_t_equal_one_for_topk() -> None:
-    """With no fixed overhead A2(T)/T is non-increasing: T* = 1 (ALGORITHM.md, facts)."""
+    """With a cost proportional to T, A2(T)/T is non-increasing: T* = 1 (docs/algorithm.md)."""
 
     class PerEntry:
         def objective_cost(self, size_bytes: np.ndarray) -> np.ndarray:
