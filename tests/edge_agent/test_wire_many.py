@@ -18,11 +18,12 @@ import numpy as np
 import pytest
 from helpers import uvarint
 
-from edge_agent import wire
+from edge_agent import wire, wire_many
 from edge_agent.compressors import Update
 from edge_agent.errors import WireFormatError
 from edge_agent.indexcode import best_code
-from edge_agent.wire import decode, decode_many, encode
+from edge_agent.wire import decode, encode
+from edge_agent.wire_many import decode_many
 
 DTYPES = {"float32": "<f4", "float16": "<f2", "float64": "<f8"}
 DTYPE_CODES = {"float32": 0, "float16": 1, "float64": 2}
@@ -201,14 +202,14 @@ def check(batch: Sequence[object]) -> list[object]:
     """
     want = [reference(b) for b in batch]
     fell_back: list[object] = []
-    single = wire._decode_one
+    single = wire_many._decode_one
 
     def counting(blob: object) -> object:
         fell_back.append(bytes(blob) if isinstance(blob, bytes | bytearray | memoryview) else blob)
         return single(blob)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(wire, "_decode_one", counting)
+        mp.setattr(wire_many, "_decode_one", counting)
         got = decode_many(batch)  # type: ignore[arg-type]
     assert isinstance(got, list) and len(got) == len(batch)
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
