@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck bench clean
+.PHONY: demo test test-fast lint typecheck bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,8 +18,23 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+# The unit tier for the edit-test loop: no real servers (Mosquitto, uvicorn, ZeroMQ
+# sockets, a browser) and nothing marked slow; under 40 s on two cores.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not integration and not slow"
+
+# What CI runs before the tests (.ci/run): style, format, types, then the size and
+# complexity gate (no function above complexity 20, no module above 700 lines).
 lint: $(STAMP)
-	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(MAKE) --no-print-directory typecheck
+	$(BIN)/python .ci/gate.py edge_agent aggregator
+
+# Strict everywhere: the packages ([tool.mypy] packages), and the code that drives them.
+typecheck: $(STAMP)
+	$(BIN)/mypy --strict
+	$(BIN)/mypy --strict tests benchmarks deploy .ci
 
 bench: $(STAMP)
 	for b in benchmarks/*.py; do $(BIN)/python $$b || exit 1; done
