@@ -1,6 +1,38 @@
 """One exception root for everything cat-edge raises on purpose.
 
 Every error names the thing that is wrong and, where there is one, the fix.
+
+Exception policy (which exception for what):
+
+- **Caller misuse -> ValueError or TypeError.** Code calling a cat-edge function with an
+  argument it documents as invalid (a ``T`` outside [0, d], a gradient that is not 1-D,
+  ``randk`` without an ``rng``, an argument of the wrong type) is a bug in that code: raise the
+  built-in ``ValueError`` (bad value) or ``TypeError`` (bad type). Nobody catches these
+  on purpose; they end as a traceback that points at the call to fix.
+- **Bad data from outside -> the CatEdgeError family.** Anything the program reads and
+  does not control: bytes off the network, files, configuration, links. The entry points
+  catch ``CatEdgeError`` and turn it into one line and exit status 1 (CLIs) or a counted,
+  dropped message (the service). Pick the class by where the data came from:
+
+  - :class:`WireFormatError` -- a message received over a transport does not decode
+    (the binary wire format, or a JSON hello/control/snapshot message); ``reason`` is
+    the stable slug the aggregator counts rejections by.
+  - :class:`ProfileError` -- a cost profile file or its values (shape, units, ranges).
+  - :class:`DataError` -- a data file (libsvm, npz) that cannot be read, or data and
+    model parameters that do not fit together (feature counts, non-finite values).
+  - :class:`UnknownNameError` -- a name from a command line, a profile or settings that
+    is not in a registry (compressor, model, policy, sharding rule, transport scheme);
+    raise it through :func:`lookup`, which lists the valid names.
+  - :class:`TransportError` -- a transport URL that does not parse, or a broker/socket
+    that cannot connect, publish or subscribe (including unreadable key files).
+  - In the aggregator: ``aggregator.settings.SettingsError`` (environment settings) and
+    ``aggregator.store.CheckpointError`` (a checkpoint or journal that cannot be restored).
+
+  The family members that are also ``ValueError``/``KeyError`` subclass those built-ins so
+  that generic ``except ValueError`` handlers keep working; new code catches
+  ``CatEdgeError`` (or one subclass), never the built-in.
+- **The operating system's own errors pass through.** ``OSError`` (a missing file, a
+  permission) is not wrapped; the CLIs report its file name and reason.
 """
 
 from __future__ import annotations
