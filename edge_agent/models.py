@@ -31,12 +31,15 @@ from edge_agent.data import Dataset
 from edge_agent.errors import DataError, lookup
 from edge_agent.sparse import (
     FloatArray,
+    IndexArray,
     Matrix,
     matmat,
     matvec,
+    prefix_sq_norms,
     rmatmat,
     rmatvec,
     row_norms_sq,
+    sum_sq_norm,
 )
 
 __all__ = [
@@ -170,6 +173,76 @@ class Model(ABC):
         # |A|_F^2 = trace(A^T A) >= sigma_max^2 always, so the cap keeps the bound valid.
         frobenius_sq = float(np.sum(row_norms_sq(data.X)))
         return self.curvature * min(SAFETY_FACTOR * top, frobenius_sq) / n + self.l2
+
+    # ------------------------------------------------- directional curvature
+    def directional_curvature(
+        self, data: Dataset, indices: npt.ArrayLike | None, values: npt.ArrayLike
+    ) -> float:
+        """Upper bound ``B(q) >= q^T Hess f(x) q`` valid at every ``x``, on these rows.
+
+        ``q`` is sparse: ``values`` at the distinct parameter ``indices`` (``None``: dense,
+        ``values`` has all ``d`` entries). ``B(q) = curvature * |A Q|_F^2 / N + l2 |q|^2``
+        with ``Q`` the ``(n_features, classes)`` matrix of ``q`` (one column for the binary
+        models); the data-term Hessian is ``A^T D(x) A / N`` with ``D(x) <= curvature``
+        (1/4 logreg, 1 lsq where it is an equality, 1/2 softmax: docs/curvature.md).
+        Dimension: objective per squared parameter unit; ``B(q) <= L |q|^2``.
+        Only the columns ``q`` touches are read (a cached column index of a CSR shard).
+        """
+        n = self._rows(data)
+        if indices is None:
+            qv = np.asarray(values, dtype=np.float64)
+            if qv.shape != (self.d,):
+                raise DataError(
+                    f"model {self.kind}: a dense direction needs shape ({self.d},), got {qv.shape}"
+                )
+            aq = self._direction_product(data.X, qv).reshape(-1)
+            sq = float(np.einsum("i,i->", aq, aq))
+            return self.curvature * sq / n + self.l2 * float(np.einsum("i,i->", qv, qv))
+        idx, qv = self._sparse_direction(indices, values)
+        cols, slots, n_slots = self._direction_layout(idx)
+        sq = sum_sq_norm(data.X, cols, qv, slots=slots, n_slots=n_slots)
+        return self.curvature * sq / n + self.l2 * float(np.einsum("i,i->", qv, qv))
+
+    def prefix_curvature(
+        self, data: Dataset, indices: npt.ArrayLike, values: npt.ArrayLike
+    ) -> FloatArray:
+        """:meth:`directional_curvature` of every prefix: ``out[T-1] = B(q_T)`` where
+        ``q_T`` holds the first ``T`` listed entries (``T = 1 .. len(indices)``).
+
+        One incremental pass over the listed columns in list order
+        (:func:`~edge_agent.sparse.prefix_sq_norms`), about the cost of one gradient
+        when the columns hold most of the shard's non-zeros, less otherwise.
+        """
+        n = self._rows(data)
+        idx, qv = self._sparse_direction(indices, values)
+        cols, slots, n_slots = self._direction_layout(idx)
+        sq = prefix_sq_norms(data.X, cols, qv, slots=slots, n_slots=n_slots)
+        return np.asarray(self.curvature * sq / n + self.l2 * np.cumsum(qv * qv), dtype=np.float64)
+
+    def _direction_product(self, a: Matrix, q: FloatArray) -> FloatArray:
+        """``A Q`` for a dense direction (the scores' change along ``q``)."""
+        return matvec(a, q)
+
+    def _direction_layout(self, idx: IndexArray) -> tuple[IndexArray, IndexArray | None, int]:
+        """Design-matrix column, score slot and slot count of parameter indices."""
+        return idx, None, 1
+
+    def _sparse_direction(
+        self, indices: npt.ArrayLike, values: npt.ArrayLike
+    ) -> tuple[IndexArray, FloatArray]:
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        qv = np.asarray(values, dtype=np.float64).reshape(-1)
+        if idx.shape != qv.shape:
+            raise DataError(
+                f"model {self.kind}: direction has {idx.size} indices but {qv.size} values"
+            )
+        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= self.d):
+            raise DataError(f"model {self.kind}: direction indices must lie in [0, {self.d})")
+        if idx.size and int(np.bincount(idx, minlength=self.d).max()) > 1:
+            raise DataError(f"model {self.kind}: direction indices must be distinct")
+        if not np.isfinite(qv).all():
+            raise DataError(f"model {self.kind}: direction values must be finite")
+        return idx, qv
 
     def accuracy(self, x: npt.ArrayLike, data: Dataset) -> float:
         """Fraction of rows whose label :meth:`predict` gets right, in ``[0, 1]``."""
@@ -325,6 +398,14 @@ class SoftmaxRegression(Model):
 
     def _scores(self, x: FloatArray, data: Dataset) -> FloatArray:
         return matmat(data.X, x.reshape(self.n_features, self.n_classes))
+
+    def _direction_product(self, a: Matrix, q: FloatArray) -> FloatArray:
+        return matmat(a, q.reshape(self.n_features, self.n_classes))
+
+    def _direction_layout(self, idx: IndexArray) -> tuple[IndexArray, IndexArray | None, int]:
+        # parameter i is W[i // K, i % K]: feature column i // K moves the score of class i % K
+        k = self.n_classes
+        return idx // k, idx % k, k
 
     def _data_loss_grad(
         self, x: FloatArray, data: Dataset, *, with_grad: bool

@@ -25,15 +25,19 @@ IndexArray: TypeAlias = npt.NDArray[np.int64]
 
 __all__ = [
     "CSRMatrix",
+    "ColumnIndex",
     "FloatArray",
     "IndexArray",
     "Matrix",
     "matmat",
     "matvec",
     "n_rows",
+    "prefix_sq_norms",
     "rmatmat",
     "rmatvec",
     "row_norms_sq",
+    "stable_order",
+    "sum_sq_norm",
     "take_rows",
     "to_dense",
 ]
@@ -55,6 +59,7 @@ class CSRMatrix:
     indptr: IndexArray
     shape: tuple[int, int]
     _row_ids: IndexArray = field(init=False, repr=False, compare=False)
+    _columns: ColumnIndex | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
         n_rows_, n_cols = (int(self.shape[0]), int(self.shape[1]))
@@ -92,6 +97,7 @@ class CSRMatrix:
         object.__setattr__(self, "indptr", indptr)
         object.__setattr__(self, "shape", (n_rows_, n_cols))
         object.__setattr__(self, "_row_ids", row_ids)
+        object.__setattr__(self, "_columns", None)
 
     # ------------------------------------------------------------------ basics
     @property
@@ -202,6 +208,23 @@ class CSRMatrix:
             self._row_ids, weights=self.data * self.data, minlength=self.shape[0]
         ).astype(np.float64, copy=False)
 
+    def columns(self) -> ColumnIndex:
+        """The entries grouped by column (a CSC copy), built on first use and cached.
+
+        Costs one stable sort of the ``nnz`` column indices (a linear-time radix sort for
+        fewer than 2^32 columns) and ``nnz`` floats and row ids of memory; built once
+        per matrix (a shard), so every later column access is a slice.
+        """
+        cached = self._columns
+        if cached is None:
+            order = stable_order(self.indices, self.shape[1])
+            counts = np.bincount(self.indices, minlength=self.shape[1])
+            indptr = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+            cached = ColumnIndex(self.data[order], self._row_ids[order], indptr, self.shape)
+            # a benign race: two threads would build equal copies and keep either one
+            object.__setattr__(self, "_columns", cached)
+        return cached
+
     def row_nnz(self) -> IndexArray:
         """Number of stored entries in every row."""
         return np.diff(self.indptr)
@@ -237,6 +260,39 @@ class CSRMatrix:
             new_indptr,
             (int(rows.size), self.shape[1]),
         )
+
+
+@dataclass(frozen=True, eq=False)
+class ColumnIndex:
+    """The entries of a :class:`CSRMatrix` grouped by column (compressed sparse column).
+
+    Column ``j`` owns ``data[indptr[j]:indptr[j+1]]`` at rows ``rows[...]`` (ascending
+    inside a column, duplicates kept). Built by :meth:`CSRMatrix.columns`; read-only.
+    """
+
+    data: FloatArray
+    rows: IndexArray
+    indptr: IndexArray
+    shape: tuple[int, int]
+
+    def __post_init__(self) -> None:
+        for arr in (self.data, self.rows, self.indptr):
+            arr.flags.writeable = False
+
+    def gather(self, cols: IndexArray) -> tuple[IndexArray, FloatArray, IndexArray]:
+        """Entries of the columns ``cols`` (any order, repeats allowed), column by column.
+
+        Returns ``(rows, values, owner)`` where ``owner[e]`` is the position in ``cols``
+        of the column entry ``e`` came from; entries appear in the order of ``cols``.
+        Costs O(len(cols) + entries gathered).
+        """
+        starts = self.indptr[cols]
+        counts = self.indptr[cols + 1] - starts
+        new_indptr = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        total = int(new_indptr[-1])
+        positions = np.repeat(starts - new_indptr[:-1], counts) + np.arange(total, dtype=np.int64)
+        owner = np.repeat(np.arange(cols.size, dtype=np.int64), counts)
+        return self.rows[positions], self.data[positions], owner
 
 
 Matrix: TypeAlias = FloatArray | CSRMatrix
@@ -295,3 +351,113 @@ def to_dense(a: Matrix) -> FloatArray:
     if isinstance(a, CSRMatrix):
         return a.to_dense()
     return np.asarray(a, dtype=np.float64)
+
+
+# ------------------------------------------------------------ column combinations
+def stable_order(keys: npt.NDArray[np.integer], bound: int) -> IndexArray:
+    """``np.argsort(keys, kind="stable")`` for integer keys in ``[0, bound)``.
+
+    numpy sorts 16-bit keys by a linear-time radix sort but wider ones by a merge
+    sort several times slower; keys below 2^32 are therefore sorted as two stable
+    16-bit passes (low half, then high half), the classic least-significant-digit radix.
+    """
+    if bound <= 1 << 16:
+        return np.argsort(keys.astype(np.uint16), kind="stable").astype(np.int64)
+    if bound <= 1 << 32:
+        wide = keys.astype(np.uint32)
+        low = np.argsort((wide & 0xFFFF).astype(np.uint16), kind="stable")
+        high = np.argsort((wide[low] >> 16).astype(np.uint16), kind="stable")
+        return low[high].astype(np.int64)
+    return np.argsort(keys, kind="stable").astype(np.int64)
+
+
+def _column_entries(a: Matrix, cols: IndexArray) -> tuple[IndexArray, FloatArray, IndexArray]:
+    """``(rows, values, owner)`` of the non-zero entries of the columns ``cols``, in order."""
+    if isinstance(a, CSRMatrix):
+        return a.columns().gather(cols)
+    sub = np.asarray(a, dtype=np.float64)[:, cols].T  # (len(cols), n): owner-major
+    owner, rows = np.nonzero(sub)
+    return rows.astype(np.int64), sub[owner, rows], owner.astype(np.int64)
+
+
+def _combination_entries(
+    a: Matrix,
+    cols: npt.ArrayLike,
+    coefs: npt.ArrayLike,
+    slots: npt.ArrayLike | None,
+    n_slots: int,
+) -> tuple[IndexArray, FloatArray, IndexArray, int, int]:
+    """Scaled entries of the combination and their output cell ``row * n_slots + slot``."""
+    c = np.asarray(cols, dtype=np.int64).reshape(-1)
+    w = np.asarray(coefs, dtype=np.float64).reshape(-1)
+    if c.shape != w.shape:
+        raise DataError(
+            f"column combination: {c.size} columns but {w.size} coefficients; they must match"
+        )
+    if c.size and (int(c.min()) < 0 or int(c.max()) >= int(a.shape[1])):
+        raise DataError(f"column combination: columns must lie in [0, {int(a.shape[1])})")
+    if n_slots < 1:
+        raise DataError(f"column combination: n_slots must be >= 1, got {n_slots}")
+    rows, vals, owner = _column_entries(a, c)
+    cells = rows
+    if slots is not None:
+        s = np.asarray(slots, dtype=np.int64).reshape(-1)
+        if s.shape != c.shape or (s.size and (int(s.min()) < 0 or int(s.max()) >= n_slots)):
+            raise DataError(
+                f"column combination: need one slot in [0, {n_slots}) per column, got {s.shape}"
+            )
+        cells = rows * n_slots + s[owner]
+    return cells, vals * w[owner], owner, int(a.shape[0]) * n_slots, int(c.size)
+
+
+def sum_sq_norm(
+    a: Matrix,
+    cols: npt.ArrayLike,
+    coefs: npt.ArrayLike,
+    *,
+    slots: npt.ArrayLike | None = None,
+    n_slots: int = 1,
+) -> float:
+    """``|A Q|_F^2`` for the sparse ``(n_cols, n_slots)`` matrix ``Q`` with entries
+    ``Q[cols[j], slots[j]] = coefs[j]`` (slots default to 0; repeated pairs add up).
+
+    Touches only the listed columns (through the cached column index for CSR): O(their
+    non-zeros), ``Q`` is never densified.
+    """
+    cells, w, _, n_cells, _ = _combination_entries(a, cols, coefs, slots, n_slots)
+    v = np.bincount(cells, weights=w, minlength=n_cells)
+    return float(np.einsum("i,i->", v, v))
+
+
+def prefix_sq_norms(
+    a: Matrix,
+    cols: npt.ArrayLike,
+    coefs: npt.ArrayLike,
+    *,
+    slots: npt.ArrayLike | None = None,
+    n_slots: int = 1,
+) -> FloatArray:
+    """``S[T-1] = |A Q_T|_F^2`` for every prefix ``Q_T`` of the first T listed entries.
+
+    The incremental identity ``|v + s a|^2 = |v|^2 + 2 s <v, a> + s^2 |a|^2`` applied
+    entry by entry, vectorised: the entries of the listed columns are grouped by output
+    cell (row, slot) keeping the list order inside a cell (a stable radix sort), a
+    segmented running sum gives each entry the cell's value ``p`` before it, and entry
+    ``w`` adds ``w (2 p + w)`` to the squared norm of its prefix; one bincount by list
+    position and one cumulative sum give all prefixes. O(m + non-zeros of the columns).
+    """
+    cells, w, owner, n_cells, m = _combination_entries(a, cols, coefs, slots, n_slots)
+    if w.size == 0:  # no direction, or only empty columns: A Q_T = 0 for every T
+        return np.zeros(m, dtype=np.float64)
+    order = stable_order(cells, n_cells)
+    w = w[order]
+    owner = owner[order]
+    # entries are now grouped by cell in ascending cell order: segment sizes from a bincount
+    sizes = np.bincount(cells, minlength=n_cells)
+    sizes = sizes[sizes > 0]
+    running = np.cumsum(w)
+    seg_end = np.cumsum(sizes)
+    before_segment = np.concatenate(([0.0], running[seg_end[:-1] - 1]))
+    prev = running - np.repeat(before_segment, sizes) - w  # the cell's value before entry
+    delta = np.bincount(owner, weights=w * (2.0 * prev + w), minlength=m)
+    return np.asarray(np.cumsum(delta), dtype=np.float64)
