@@ -9,8 +9,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from aggregator import simulate
 from aggregator.rounds import RoundEngine
+from aggregator.sim import cli
+from aggregator.sim.experiment import METRICS
+from aggregator.sim.methods import parse_method
+from aggregator.sim.report import TIMING_FIELDS
 from edge_agent.agent import Agent
 
 TINY = ["--rows", "300", "--features", "400", "--seed", "3", "--max-rounds", "400"]
@@ -19,7 +22,7 @@ FIELDS = {"method", "target", "rounds", "bits", "packets", "airtime_s", "energy_
 
 def run_cli(tmp_path: Path, name: str, *extra: str) -> list[dict[str, Any]]:
     out = tmp_path / f"{name}.json"
-    code = simulate.main([*TINY, "--no-progress", "--json", str(out), *extra])
+    code = cli.main([*TINY, "--no-progress", "--json", str(out), *extra])
     assert code == 0
     records: list[dict[str, Any]] = json.loads(out.read_text())
     return records
@@ -38,7 +41,7 @@ def test_json_has_one_record_per_method_and_target(single: list[dict[str, Any]])
         assert rec.keys() >= FIELDS
         assert rec["agents"] == 1 and rec["profile"] == "paper_payload_bits"
         if rec["rounds"] is None:
-            assert all(rec[m] is None for m in simulate.METRICS)
+            assert all(rec[m] is None for m in METRICS)
         else:
             assert isinstance(rec["rounds"], int) and rec["bits"] > 0 and rec["packets"] > 0
 
@@ -87,7 +90,7 @@ def test_a_missed_target_is_null_and_the_run_stops_at_max_rounds(tmp_path: Path)
     assert len(records) == 3
     for rec in records:
         assert rec["rounds"] is None and rec["rounds_run"] == 5
-        assert all(rec[m] is None for m in simulate.METRICS)
+        assert all(rec[m] is None for m in METRICS)
         assert rec["stop_reason"] == "max_rounds=5"
         assert rec["final_suboptimality"] > 0.1
 
@@ -98,23 +101,23 @@ def test_deterministic_under_a_fixed_seed(tmp_path: Path) -> None:
     b = run_cli(tmp_path, "b", *args)
 
     def strip(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [{k: v for k, v in r.items() if k not in simulate.TIMING_FIELDS} for r in recs]
+        return [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in recs]
 
     assert strip(a) == strip(b)
     assert json.dumps(strip(a), sort_keys=True) == json.dumps(strip(b), sort_keys=True)
 
 
 def test_method_grammar() -> None:
-    m = simulate.parse_method("hybrid-topk:200+ef21")
+    m = parse_method("hybrid-topk:200+ef21")
     assert (m.compressor, m.policy, m.feedback) == ("topk", "hybrid:200", "ef21")
-    assert simulate.parse_method("topk:64").policy == "fixed:64"
-    assert simulate.parse_method("dense").compressor == "dense"
+    assert parse_method("topk:64").policy == "fixed:64"
+    assert parse_method("dense").compressor == "dense"
     with pytest.raises(ValueError, match="compressor"):
-        simulate.parse_method("cat-gzip")
+        parse_method("cat-gzip")
     with pytest.raises(ValueError, match="feedback"):
-        simulate.parse_method("cat-topk+ef3")
+        parse_method("cat-topk+ef3")
 
 
 def test_bad_input_exits_with_2(capsys: pytest.CaptureFixture[str]) -> None:
-    assert simulate.main(["--methods", "cat-gzip", "--no-progress"]) == 2
+    assert cli.main(["--methods", "cat-gzip", "--no-progress"]) == 2
     assert "cat-gzip" in capsys.readouterr().err

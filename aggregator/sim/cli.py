@@ -1,0 +1,280 @@
+"""``aggregator simulate``: flags, the paper preset, and the run from flags to report.
+
+``aggregator simulate ...`` and ``python -m aggregator.sim ...`` are the same program.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from aggregator.sim.blas import single_threaded_blas
+from aggregator.sim.experiment import DEFAULT_TARGETS, METRICS, RunResult, run_method
+from aggregator.sim.methods import Method, parse_method
+from aggregator.sim.problem import Fleet, Problem, build_fleet, build_problem
+from aggregator.sim.report import (
+    ProgressBar,
+    plot_results,
+    plot_unavailable,
+    summary_table,
+    write_json,
+)
+from edge_agent.data import SHARDINGS
+from edge_agent.errors import CatEdgeError
+from edge_agent.models import MODELS
+
+# --------------------------------------------------------------------------- the paper preset
+# The comparison protocol of docs/algorithm.md: an RCV1-sized logistic regression, one agent
+# and a fleet of ten, two cost models (payload bits, packets), static T against CAT.
+
+PAPER_FEATURES: Final = 47_236
+PAPER_ROWS: Final = 10_000
+PAPER_L2: Final = 1e-3
+#: Rounds per method: one agent (slow methods need thousands), ten agents (every plain
+#: method stalls at its noise floor within a few hundred rounds; see docs/results.md).
+PAPER_MAX_ROUNDS: Final[dict[int, int]] = {1: 4000, 10: 500}
+PAPER_PROFILES: Final[tuple[str, ...]] = ("paper_payload_bits", "paper_packet_model")
+PAPER_STATIC_T: Final[tuple[int, ...]] = (64, 256, 1024, 4096, 16384)
+PAPER_METHODS: Final[tuple[str, ...]] = (
+    "dense",
+    *(f"topk:{t}" for t in PAPER_STATIC_T),
+    "cat-topk",
+    "cat-signtopk",
+    "dynamic-signtopk",
+    "hybrid-topk:200",
+)
+#: Methods only a fleet runs (error feedback matters when several agents average).
+PAPER_FLEET_EXTRA: Final[tuple[str, ...]] = ("cat-topk+ef21", "cat-topk+ef")
+
+
+# --------------------------------------------------------------------------- flags
+
+
+def _problem_arguments(p: argparse.ArgumentParser) -> None:
+    d = p.add_argument_group("data and model")
+    d.add_argument("--data", metavar="FILE", help="LIBSVM or .npz file (default: generated)")
+    d.add_argument("--rows", type=int, default=2000, help="rows of the generated RCV1-like set")
+    d.add_argument("--features", type=int, default=47_236, help="features of the generated set")
+    d.add_argument("--seed", type=int, default=0, help="data, shards and agents' random choices")
+    d.add_argument("--model", default="logreg", choices=sorted(MODELS))
+    d.add_argument("--l2", type=float, default=1e-3, help="l2 regularisation lambda")
+    d.add_argument("--split", default="iid", choices=sorted(SHARDINGS), help="shard rule")
+
+
+def _fleet_arguments(p: argparse.ArgumentParser) -> None:
+    f = p.add_argument_group("fleet and methods")
+    f.add_argument("--agents", type=int, default=1, help="number of agents (equal shards)")
+    f.add_argument("--profile", default="paper_payload_bits", help="cost profile of every agent")
+    f.add_argument("--profiles", help="comma list of profiles cycled over the agents")
+    f.add_argument(
+        "--methods",
+        default="dense,cat-topk",
+        help="comma list: dense, topk:T, cat-topk, cat-signtopk, dynamic-signtopk, cat-randk, "
+        "hybrid-topk:S, each optionally +ef or +ef21",
+    )
+    f.add_argument(
+        "--step-size",
+        type=float,
+        help="aggregator step for every method (default: the engine's, 1/L from the hellos, "
+        "times --ef21-step-factor for +ef21 methods)",
+    )
+    f.add_argument(
+        "--ef21-step-factor",
+        type=float,
+        default=0.5,
+        help="EF21 methods step with factor/L unless --step-size is given (AGG_EF21_STEP_FACTOR)",
+    )
+
+
+def _run_arguments(p: argparse.ArgumentParser) -> None:
+    r = p.add_argument_group("stopping and evaluation")
+    r.add_argument("--max-rounds", type=int, default=2000, help="rounds per method at most")
+    r.add_argument(
+        "--targets",
+        default=",".join(f"{t:g}" for t in DEFAULT_TARGETS),
+        help="relative suboptimality targets",
+    )
+    r.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        help="also evaluate f on the full data every K rounds as a cross-check (0: first "
+        "and last round only; targets use the agents' exact per-round objectives anyway)",
+    )
+    r.add_argument("--optimum-tol", type=float, default=1e-12, help="L-BFGS tolerance for f*")
+    o = p.add_argument_group("output")
+    o.add_argument("--json", metavar="FILE", help="write the per-(method, target) records")
+    o.add_argument("--plot", metavar="FILE.png", help="plot suboptimality vs cumulative cost")
+    o.add_argument("--plot-metric", choices=METRICS, help="x axis (default: profile objective)")
+    o.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``aggregator simulate`` flags."""
+    parser.add_argument(
+        "--preset",
+        choices=["paper"],
+        help="the paper's comparison (docs/algorithm.md): fixes rows, features, model, l2, "
+        "fleets, profiles, methods and round budgets (--data, --seed, --targets, --step-size "
+        "and outputs still apply)",
+    )
+    _problem_arguments(parser)
+    _fleet_arguments(parser)
+    _run_arguments(parser)
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class Case:
+    """A fleet (agents, profile names cycled over them), its methods and round budget."""
+
+    agents: int
+    profiles: tuple[str, ...]
+    methods: tuple[Method, ...]
+    max_rounds: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to run: the problem's parameters and a list of cases."""
+
+    rows: int
+    features: int
+    l2: float
+    model: str
+    cases: tuple[Case, ...]
+
+
+def _paper_plan() -> Plan:
+    cases = []
+    for agents, max_rounds in PAPER_MAX_ROUNDS.items():
+        specs = PAPER_METHODS + (PAPER_FLEET_EXTRA if agents > 1 else ())
+        parsed = tuple(parse_method(m) for m in specs)
+        for prof in PAPER_PROFILES:
+            cases.append(Case(agents, (prof,), parsed, max_rounds))
+    return Plan(PAPER_ROWS, PAPER_FEATURES, PAPER_L2, "logreg", tuple(cases))
+
+
+def make_plan(args: argparse.Namespace) -> Plan:
+    """The preset's plan, or one case from ``--agents/--profile(s)/--methods/--max-rounds``."""
+    if args.preset == "paper":
+        return _paper_plan()
+    profiles = tuple(s.strip() for s in (args.profiles or args.profile).split(",") if s.strip())
+    methods = tuple(parse_method(m) for m in args.methods.split(",") if m.strip())
+    if not methods:
+        raise ValueError("--methods is empty")
+    return Plan(
+        rows=args.rows,
+        features=args.features,
+        l2=args.l2,
+        model=args.model,
+        cases=(Case(args.agents, profiles, methods, args.max_rounds),),
+    )
+
+
+def _targets(text: str) -> tuple[float, ...]:
+    try:
+        vals = tuple(sorted({float(t) for t in text.split(",") if t.strip()}, reverse=True))
+    except ValueError:
+        raise ValueError(f"--targets: expected a comma list of numbers, got {text!r}") from None
+    if not vals or any(not 0 < v < 1 for v in vals):
+        raise ValueError(f"--targets must lie in (0, 1), got {text!r}")
+    return vals
+
+
+def _prepare(
+    args: argparse.Namespace,
+) -> tuple[tuple[float, ...], Problem, list[tuple[Fleet, Case]]]:
+    """Validate the flags, build the problem (solves f*) and the fleets. ValueError etc."""
+    targets = _targets(args.targets)
+    plan = make_plan(args)
+    if any(c.max_rounds < 1 for c in plan.cases):
+        raise ValueError(f"--max-rounds must be >= 1, got {args.max_rounds}")
+    if args.eval_every < 0:
+        raise ValueError(f"--eval-every must be >= 0, got {args.eval_every}")
+    problem = build_problem(
+        data_path=args.data,
+        rows=plan.rows,
+        features=plan.features,
+        seed=args.seed,
+        model_kind=plan.model,
+        l2=plan.l2,
+        split=args.split,
+        optimum_tol=args.optimum_tol,
+    )
+    return targets, problem, [(build_fleet(problem, c.agents, c.profiles), c) for c in plan.cases]
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the simulation described by parsed ``args``; 0 on success, 2 on bad input."""
+    if args.plot and (hint := plot_unavailable()) is not None:
+        print(f"aggregator simulate: {hint}", file=sys.stderr)
+        return 2
+    with single_threaded_blas():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        targets, problem, fleets = _prepare(args)
+    except (ValueError, CatEdgeError, OSError) as exc:
+        print(f"aggregator simulate: {exc}", file=sys.stderr)
+        return 2
+    bar = ProgressBar(
+        sys.stderr, sum(len(c.methods) for _, c in fleets), enabled=not args.no_progress
+    )
+    print(
+        f"# {problem.name}: {problem.data.n_rows} rows, d={problem.model.d}, "
+        f"{problem.model.kind} l2={problem.model.l2:g}; f*={problem.f_star:.12g}, "
+        f"f(x0)={problem.f0:.12g}",
+        flush=True,
+    )
+    results: list[RunResult] = []
+    for fleet, case in fleets:
+        for method in case.methods:
+            bar.begin(f"{fleet.label}: {method.spec}", case.max_rounds, min(targets))
+            res = run_method(
+                problem,
+                fleet,
+                method,
+                targets=targets,
+                max_rounds=case.max_rounds,
+                step_size=args.step_size,
+                ef21_step_factor=args.ef21_step_factor,
+                eval_every=args.eval_every,
+                progress=bar.update,
+            )
+            bar.end(res)
+            results.append(res)
+    print(summary_table(results, targets), flush=True)
+    if args.json:
+        write_json(results, targets, args.json)
+    if args.plot:
+        plot_results(results, args.plot, metric=args.plot_metric, targets=targets)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="aggregator simulate",
+        description="Run N real agents and the real round engine in-process over memory:// "
+        "and report the communication each method needs to reach each suboptimality target.",
+    )
+    add_arguments(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``aggregator simulate ...`` and ``python -m aggregator.sim ...``."""
+    return run(build_parser().parse_args(None if argv is None else list(argv)))
+
+
+__all__ = ["Case", "Plan", "add_arguments", "build_parser", "main", "make_plan", "run"]

@@ -1,0 +1,368 @@
+"""One method on one fleet: train on the harness, record cost and suboptimality per round.
+
+The engine runs lockstep rounds, one model version per round:
+
+1. every agent takes the messages waiting in its inbox (:meth:`Agent.handle`);
+2. every agent :meth:`Agent.step` s: gradient at its copy of ``x_k``, T, compress, encode,
+   publish, account the cost in its ledger;
+3. the engine handles the updates at the simulated time; the last one closes the round
+   (``x_{k+1}``) and the engine's delta/snapshot messages are published to the agents.
+
+Objective and targets
+---------------------
+``f(x_k)`` is *not* re-evaluated on the full data every round. Each agent's step already
+computes its shard's objective ``f_i(x_k)`` (mean loss over its rows plus ``l2/2 |x|^2``) at
+exactly the engine's ``x_k`` (the agent's copy is bit-identical), and
+``f(x_k) = sum_i n_i f_i(x_k) / sum_i n_i`` holds exactly for the same model on the union
+of the shards. So the relative suboptimality ``(f(x_k) - f*) / (f(x_0) - f*)`` is known at
+*every* round for free, and each target is detected at the exact round. As a cross-check
+the full-data objective is computed directly at round 0, at the last round and every
+``eval_every`` rounds, and a mismatch beyond rounding raises.
+
+What "cost to reach a target" means
+-----------------------------------
+For target ``eps``, the first ``k`` with relative suboptimality ``<= eps``; the cost is the
+sum over agents of what their ledgers hold for the ``k`` update messages that produced
+``x_k`` (bits, packets, airtime_s, energy_j, each agent priced by its own profile). Control
+messages (hello, status, snapshot request: sent once at start) are excluded; a run checks
+that no control message was sent after the start.
+
+Simulated time: the rounds are lockstep, so each round lasts as long as its slowest radio
+(airtime plus duty-cycle silence).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+from aggregator.rounds import EngineConfig, RoundEngine
+from aggregator.sim.harness import FleetHarness
+from aggregator.sim.methods import Method
+from aggregator.sim.problem import Fleet, Problem, agent_seed
+from edge_agent.agent import Agent, AgentConfig, RoundLog
+from edge_agent.indexcode import index_bytes
+
+FloatArray = npt.NDArray[np.float64]
+
+JOB: Final = "sim"
+#: The cost metrics summed over agents (the ledger's attribute names).
+METRICS: Final[tuple[str, ...]] = ("bits", "packets", "airtime_s", "energy_j")
+DEFAULT_TARGETS: Final[tuple[float, ...]] = (1e-1, 1e-2, 1e-3)
+#: Relative tolerance of the full-data cross-check of the agents' objective.
+_EVAL_RTOL: Final = 1e-9
+#: A run whose relative suboptimality exceeds this has diverged: it stops there.
+DIVERGED: Final = 1e6
+
+ProgressFn = Callable[[int, float], None]
+
+
+@dataclass
+class Trace:
+    """Per round k = 0..R: relative suboptimality at x_k and the cumulative update cost of
+    the k rounds that produced x_k (metric -> list), plus bytes and the T sent."""
+
+    subopt: list[float] = field(default_factory=list)
+    cost: dict[str, list[float]] = field(default_factory=lambda: {m: [] for m in METRICS})
+    bytes: list[int] = field(default_factory=list)
+    bytes_fixed32: list[int] = field(default_factory=list)
+    t_sum: list[int] = field(default_factory=list)
+    sim_time_s: list[float] = field(default_factory=list)
+
+
+@dataclass
+class RunResult:
+    """One method on one fleet. ``reached``: target -> first round at or below it."""
+
+    method: Method
+    fleet: Fleet
+    trace: Trace
+    reached: dict[float, int]
+    rounds_run: int
+    stop_reason: str
+    selection_s: float
+    wall_s: float
+    engine_version: int
+    models_equal: bool
+    step_size: float
+
+
+# --------------------------------------------------------------------------- set-up
+
+
+def open_fleet(
+    problem: Problem,
+    fleet: Fleet,
+    method: Method,
+    *,
+    step_size: float | None = None,
+    ef21_step_factor: float = 0.5,
+) -> FleetHarness:
+    """The engine (full quorum, no deadline or liveness timeout) and one agent per shard,
+    not started. Close the harness when done."""
+    model = problem.model
+    lookup = {p.name: p for p in fleet.profiles}
+    engine = RoundEngine(
+        EngineConfig(
+            job=JOB,
+            d=model.d,
+            model=model.kind,
+            step_size=step_size,
+            ef21_step_factor=ef21_step_factor,
+            min_agents=fleet.agents,
+            quorum_fraction=1.0,
+            round_deadline_s=1e18,
+            liveness_timeout_s=1e18,
+        ),
+        x0=model.initial_point(),
+        profiles=lookup.get,
+    )
+    harness = FleetHarness(engine, name="simulate")
+    try:
+        for i in range(fleet.agents):
+            config = AgentConfig(
+                job=JOB,
+                agent_id=f"a{i:03d}",
+                compressor=method.compressor,
+                policy=method.policy,
+                feedback=method.feedback,
+                seed=agent_seed(problem.seed, i),
+                resend_s=None,
+                duty_cycle="ignore",
+            )
+            harness.add_agent(
+                config,
+                model=model,
+                data=fleet.shards[i],
+                profile=fleet.profiles[i],
+                smoothness=fleet.smoothness[i],
+            )
+    except BaseException:
+        harness.close()
+        raise
+    return harness
+
+
+# --------------------------------------------------------------------------- bookkeeping
+
+
+def _ledger_sum(agents: Sequence[Agent], metric: str) -> float:
+    return sum(float(getattr(a.ledger, metric)) for a in agents)
+
+
+def _control_messages(agents: Sequence[Agent]) -> list[int]:
+    return [a.ledger.messages - a.ledger.updates for a in agents]
+
+
+def _radio_busy_s(agents: Sequence[Agent]) -> list[float]:
+    """Each agent's radio time so far: airtime plus duty-cycle silence."""
+    return [a.ledger.airtime_s + a.ledger.silence_s for a in agents]
+
+
+def _bytes_of(logs: Sequence[RoundLog], d: int, compressor: str) -> tuple[int, int, int]:
+    """Update bytes this round, the same with 32-bit indices instead of the index code, sum T."""
+    size = sum(e.size_bytes for e in logs)
+    ts = np.array([e.t for e in logs], dtype=np.int64)
+    if compressor == "dense":
+        return size, size, int(ts.sum())
+    fixed = size - int(index_bytes(d, ts).sum()) + 4 * int(ts.sum())
+    return size, fixed, int(ts.sum())
+
+
+class _Book:
+    """The per-round record of one run: the trace, the targets reached, running totals."""
+
+    def __init__(
+        self, problem: Problem, fleet: Fleet, agents: Sequence[Agent], targets: Sequence[float]
+    ) -> None:
+        self.problem = problem
+        self.agents = agents
+        self.trace = Trace()
+        self.reached: dict[float, int] = {}
+        self.pending = sorted(set(targets), reverse=True)  # largest first
+        self.base = {m: _ledger_sum(agents, m) for m in METRICS}  # control messages at start
+        self.control = _control_messages(agents)
+        rows = np.array([s.n_rows for s in fleet.shards], dtype=np.float64)
+        self.weights = rows / rows.sum()
+        self.gap0 = problem.f0 - problem.f_star
+        self.cum_bytes = self.cum_fixed = self.cum_t = 0
+
+    def record_cost(self, now: float) -> None:
+        """Cost of the k rounds that produced x_k (before this round's updates)."""
+        tr = self.trace
+        for m in METRICS:
+            tr.cost[m].append(_ledger_sum(self.agents, m) - self.base[m])
+        tr.bytes.append(self.cum_bytes)
+        tr.bytes_fixed32.append(self.cum_fixed)
+        tr.t_sum.append(self.cum_t)
+        tr.sim_time_s.append(now)
+
+    def objective(self, logs: Sequence[RoundLog]) -> float:
+        """f(x_k): the shards' objectives weighted by their rows."""
+        return float(np.dot(self.weights, [entry.loss for entry in logs]))
+
+    def observe(self, k: int, f_k: float) -> float:
+        """Record the relative suboptimality at x_k and the targets it reaches; return it."""
+        sub = (f_k - self.problem.f_star) / self.gap0
+        self.trace.subopt.append(sub)
+        while self.pending and sub <= self.pending[0]:
+            self.reached[self.pending.pop(0)] = k
+        return sub
+
+    def add_round(self, logs: Sequence[RoundLog], d: int, compressor: str) -> None:
+        b, b32, ts = _bytes_of(logs, d, compressor)
+        self.cum_bytes += b
+        self.cum_fixed += b32
+        self.cum_t += ts
+
+    def stop_reason(self, sub: float, k: int, max_rounds: int) -> str | None:
+        """Why the run stops after observing round k, or None to go on."""
+        if not self.pending:
+            return "reached every target"
+        if not sub <= DIVERGED:
+            return f"diverged (relative suboptimality {sub:.3g})"
+        if k >= max_rounds:
+            return f"max_rounds={max_rounds}"
+        return None
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _check_objective(problem: Problem, x: FloatArray, f_agents: float, k: int) -> None:
+    f_full = problem.model.loss(x, problem.data)
+    if abs(f_full - f_agents) > _EVAL_RTOL * max(1.0, abs(f_full)):
+        raise RuntimeError(
+            f"round {k}: the agents' objective {f_agents!r} differs from the full-data "
+            f"objective {f_full!r} (shards do not partition the data?)"
+        )
+
+
+def _updates_of_round(harness: FleetHarness, k: int) -> list[RoundLog]:
+    """Every agent steps; each must answer model version ``k``."""
+    logs = harness.step()
+    done = [entry for entry in logs if entry is not None]
+    if len(done) != len(logs) or any(a.version != k for a in harness.agents):
+        engine = harness.engine
+        raise RuntimeError(
+            f"round {k}: not every agent holds model version {k} "
+            f"(engine state {engine.state!r}: {engine.finish_reason})"
+        )
+    return done
+
+
+def _check_end(harness: FleetHarness, book: _Book, method: Method) -> bool:
+    """No control message after the start; every agent holds the engine's x bit for bit
+    (returns True; the protocol guarantees identical copies, so drift raises)."""
+    if _control_messages(harness.agents) != book.control:
+        raise RuntimeError("agents sent control messages after the start (resends?)")
+    x = harness.engine.x
+    models_equal = all(a.x is not None and np.array_equal(a.x, x) for a in harness.agents)
+    if not models_equal:
+        raise RuntimeError(f"{method}: an agent's model differs from the aggregator's")
+    return models_equal
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def _train(
+    harness: FleetHarness,
+    book: _Book,
+    method: Method,
+    *,
+    max_rounds: int,
+    eval_every: int,
+    progress: ProgressFn | None,
+) -> tuple[int, str, float]:
+    """Rounds until a stop reason; returns (last round k, stop reason, f(x_k))."""
+    problem, engine, clock = book.problem, harness.engine, harness.clock
+    k = 0
+    while True:
+        harness.deliver()
+        book.record_cost(clock.now)
+        radio_before = _radio_busy_s(harness.agents)
+        done = _updates_of_round(harness, k)
+        f_k = book.objective(done)
+        if k == 0 or (eval_every > 0 and k % eval_every == 0):
+            _check_objective(problem, engine.x, f_k, k)
+        sub = book.observe(k, f_k)
+        if progress is not None:
+            progress(k, sub)
+        reason = book.stop_reason(sub, k, max_rounds)
+        if reason is not None:
+            return k, reason, f_k
+        book.add_round(done, problem.model.d, method.compressor)
+        # Lockstep rounds: the slowest radio sets the pace.
+        clock.now += max(
+            after - before
+            for after, before in zip(_radio_busy_s(harness.agents), radio_before, strict=True)
+        )
+        version = engine.version
+        harness.pump(strict=True)
+        if engine.version != version + 1:
+            return k, f"engine stopped at version {engine.version}: {engine.finish_reason}", f_k
+        k += 1
+
+
+def run_method(
+    problem: Problem,
+    fleet: Fleet,
+    method: Method,
+    *,
+    targets: Sequence[float],
+    max_rounds: int,
+    step_size: float | None = None,
+    ef21_step_factor: float = 0.5,
+    eval_every: int = 0,
+    progress: ProgressFn | None = None,
+) -> RunResult:
+    """Train ``method`` on ``fleet`` until the smallest target or ``max_rounds``.
+
+    ``step_size`` None: the engine's rule (1/L from the hellos, times ``ef21_step_factor``
+    for EF21). ``eval_every`` > 0 adds full-data cross-checks of the objective every that
+    many rounds; ``progress(k, subopt)`` is called once per round. Raises RuntimeError if
+    the protocol misbehaves (a rejection, a model copy that drifts, a resend).
+    """
+    started = time.perf_counter()
+    with open_fleet(
+        problem, fleet, method, step_size=step_size, ef21_step_factor=ef21_step_factor
+    ) as harness:
+        harness.start()
+        harness.pump(strict=True)
+        book = _Book(problem, fleet, harness.agents, targets)
+        k, stop_reason, f_k = _train(
+            harness, book, method, max_rounds=max_rounds, eval_every=eval_every, progress=progress
+        )
+        _check_objective(problem, harness.engine.x, f_k, k)
+        models_equal = _check_end(harness, book, method)
+        return RunResult(
+            method=method,
+            fleet=fleet,
+            trace=book.trace,
+            reached=book.reached,
+            rounds_run=k,
+            stop_reason=stop_reason,
+            selection_s=sum(a.timings_s["select"] for a in harness.agents),
+            wall_s=time.perf_counter() - started,
+            engine_version=harness.engine.version,
+            models_equal=models_equal,
+            step_size=harness.engine.gamma(),
+        )
+
+
+__all__ = [
+    "DEFAULT_TARGETS",
+    "DIVERGED",
+    "JOB",
+    "METRICS",
+    "RunResult",
+    "Trace",
+    "open_fleet",
+    "run_method",
+]

@@ -1,0 +1,270 @@
+"""What a simulation run reports: JSON records, a text table, a progress bar, a plot.
+
+Records: one per (fleet, method, target). Costs are sums over agents of update messages
+only, null where the target was not reached. Wall-clock timings (:data:`TIMING_FIELDS`)
+are the only fields that differ between two runs with the same seed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import textwrap
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final, TextIO
+
+import numpy as np
+import numpy.typing as npt
+
+from aggregator.sim.experiment import DEFAULT_TARGETS, METRICS, RunResult
+from aggregator.sim.problem import Fleet
+
+#: JSON fields measured on the wall clock: the only ones two same-seed runs disagree on.
+TIMING_FIELDS: Final[tuple[str, ...]] = ("selection_s", "selection_s_per_round", "wall_s")
+#: What to tell a user who asked for a plot without matplotlib installed.
+PLOT_HINT: Final = (
+    "--plot needs matplotlib: pip install 'cat-edge[plot]' (or pip install matplotlib)"
+)
+
+
+# --------------------------------------------------------------------------- records
+
+
+def _num(v: float) -> float | int:
+    """Integral values as JSON integers (bits, packets), others as floats."""
+    return int(v) if float(v).is_integer() and abs(v) < 2**53 else float(v)
+
+
+def records(result: RunResult, targets: Sequence[float]) -> list[dict[str, Any]]:
+    """One JSON record per target (null costs where the target was not reached)."""
+    out: list[dict[str, Any]] = []
+    tr, fleet = result.trace, result.fleet
+    for eps in targets:
+        k = result.reached.get(eps)
+        out.append(
+            {
+                "method": result.method.spec,
+                "target": eps,
+                "rounds": k,
+                **{m: (None if k is None else _num(tr.cost[m][k])) for m in METRICS},
+                "bytes": None if k is None else tr.bytes[k],
+                "bytes_fixed32_index": None if k is None else tr.bytes_fixed32[k],
+                "mean_t": None if k is None or k == 0 else tr.t_sum[k] / (k * fleet.agents),
+                "sim_time_s": None if k is None else tr.sim_time_s[k],
+                "agents": fleet.agents,
+                "profile": fleet.profile_label,
+                "rows": sum(s.n_rows for s in fleet.shards),
+                "d": fleet.shards[0].n_features,
+                "rounds_run": result.rounds_run,
+                "final_suboptimality": tr.subopt[-1],
+                "stop_reason": result.stop_reason,
+                "step_size": result.step_size,
+                "models_equal": result.models_equal,
+                "selection_s": result.selection_s,
+                "selection_s_per_round": result.selection_s / max(1, result.rounds_run + 1),
+                "wall_s": result.wall_s,
+            }
+        )
+    return out
+
+
+def write_json(results: Sequence[RunResult], targets: Sequence[float], path: str | Path) -> None:
+    """Every record of every result, as one JSON list."""
+    recs = [rec for r in results for rec in records(r, targets)]
+    Path(path).write_text(json.dumps(recs, indent=1) + "\n")
+
+
+# --------------------------------------------------------------------------- progress
+
+
+class ProgressBar:
+    """A one-line text progress bar on a stream (stderr), redrawn at most every 0.2 s."""
+
+    def __init__(self, stream: TextIO, total_runs: int, *, enabled: bool = True) -> None:
+        self.stream = stream
+        self.total = total_runs
+        self.enabled = enabled
+        self.index = 0
+        self.label = ""
+        self.max_rounds = 1
+        self.goal = 1e-3
+        self._last = 0.0
+
+    def begin(self, label: str, max_rounds: int, goal: float) -> None:
+        self.index += 1
+        self.label, self.max_rounds, self.goal = label, max(1, max_rounds), goal
+        self._last = 0.0
+        self.update(0, 1.0)
+
+    def update(self, k: int, subopt: float) -> None:
+        now = time.monotonic()
+        if not self.enabled or now - self._last < 0.2:
+            return
+        self._last = now
+        frac = k / self.max_rounds
+        if 0 < subopt < 1:  # progress towards the goal on a log scale
+            frac = max(frac, math.log(subopt) / math.log(self.goal))
+        frac = min(1.0, max(0.0, frac))
+        width = 24
+        bar = "#" * round(frac * width)
+        self.stream.write(
+            f"\r[{self.index}/{self.total}] {self.label[:48]:<48} |{bar:<{width}}| "
+            f"round {k:>6} subopt {subopt:9.3e}"
+        )
+        self.stream.flush()
+
+    def end(self, result: RunResult) -> None:
+        if not self.enabled:
+            return
+        self._last = 0.0
+        self.update(result.rounds_run, result.trace.subopt[-1])
+        self.stream.write(f"  {result.wall_s:6.1f}s\n")
+        self.stream.flush()
+
+
+# --------------------------------------------------------------------------- table
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _by_fleet(results: Sequence[RunResult]) -> dict[str, list[RunResult]]:
+    fleets: dict[str, list[RunResult]] = {}
+    for r in results:
+        fleets.setdefault(r.fleet.label, []).append(r)
+    return fleets
+
+
+def summary_table(results: Sequence[RunResult], targets: Sequence[float]) -> str:
+    """A plain-text table: one line per (fleet, method, target)."""
+    cols = ("method", "target", "rounds", *METRICS, "final", "sel_ms/rnd")
+    lines: list[str] = []
+    for label, group in _by_fleet(results).items():
+        rows = [cols]
+        for r in group:
+            for rec in records(r, targets):
+                rows.append(
+                    (
+                        rec["method"],
+                        f"{rec['target']:g}",
+                        _fmt(rec["rounds"]),
+                        *(_fmt(rec[m]) for m in METRICS),
+                        f"{rec['final_suboptimality']:.2e}",
+                        f"{1e3 * rec['selection_s_per_round']:.3f}",
+                    )
+                )
+        widths = [max(len(str(row[i])) for row in rows) for i in range(len(cols))]
+        lines.append(f"== {label}  (costs: sum over agents, update messages only)")
+        for row in rows:
+            lines.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
+        lines.append("")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- plot
+
+
+def plot_unavailable() -> str | None:
+    """None if :func:`plot_results` can run, else a one-line install hint."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return PLOT_HINT
+    return None
+
+
+def _metric_for(fleet: Fleet, override: str | None) -> str:
+    if override is not None:
+        return override
+    objectives = {p.objective for p in fleet.profiles}
+    return objectives.pop() if len(objectives) == 1 else "airtime_s"
+
+
+def _plot_points(n: int, limit: int = 1500) -> npt.NDArray[np.int64]:
+    """Indices 1..n-1 thinned log-uniformly (round 0 has zero cost: off a log axis)."""
+    if n <= 1:
+        return np.zeros(0, dtype=np.int64)
+    if n - 1 <= limit:
+        return np.arange(1, n, dtype=np.int64)
+    return np.unique(np.geomspace(1, n - 1, num=limit).astype(np.int64))
+
+
+def _plot_fleet(ax: Any, label: str, group: Sequence[RunResult], metric: str | None,
+                targets: Sequence[float], colors: Sequence[Any]) -> None:  # fmt: skip
+    """One panel: suboptimality vs cumulative cost, one line per method (dashed: static T)."""
+    m = _metric_for(group[0].fleet, metric)
+    for i, r in enumerate(group):
+        cost = np.asarray(r.trace.cost[m], dtype=np.float64)
+        sub = np.asarray(r.trace.subopt, dtype=np.float64)
+        keep = _plot_points(cost.size)
+        style = "--" if r.method.spec.startswith(("topk:", "signtopk:", "randk:")) else "-"
+        ax.plot(
+            cost[keep],
+            sub[keep],
+            style,
+            color=colors[(2 * i) % 20 + (2 * i) // 20 % 2],
+            label=r.method.spec,
+            linewidth=1.2,
+        )
+    for eps in targets:
+        ax.axhline(eps, color="grey", linewidth=0.5, linestyle=":")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(f"cumulative {m} (all agents, updates)")
+    ax.set_ylabel("(f - f*) / (f(x0) - f*)")
+    ax.set_title("\n".join(textwrap.wrap(label, 60)), fontsize=10)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def plot_results(
+    results: Sequence[RunResult],
+    path: str | Path,
+    *,
+    metric: str | None = None,
+    targets: Sequence[float] = DEFAULT_TARGETS,
+) -> None:
+    """Suboptimality vs cumulative cost, one panel per fleet, one line per method (log-log).
+
+    ``metric``: the x axis (default: the fleet's profile objective, airtime if mixed).
+    Needs matplotlib (check :func:`plot_unavailable` first).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fleets = _by_fleet(results)
+    n = len(fleets)
+    ncols = 2 if n > 1 else 1
+    nrows = math.ceil(n / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(7 * ncols, 5 * nrows), squeeze=False)
+    colors = plt.get_cmap("tab20").colors  # type: ignore[attr-defined]
+    for ax, (label, group) in zip(axes.flat, fleets.items(), strict=False):
+        _plot_fleet(ax, label, group, metric, targets, colors)
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+__all__ = [
+    "PLOT_HINT",
+    "TIMING_FIELDS",
+    "ProgressBar",
+    "plot_results",
+    "plot_unavailable",
+    "records",
+    "summary_table",
+    "write_json",
+]
