@@ -9,76 +9,76 @@ again, bit for bit.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
+import pytest
 
 from aggregator.rounds import EngineConfig, RoundEngine
-from edge_agent.agent import Agent, AgentConfig
+from aggregator.sim.harness import FleetHarness
+from edge_agent import topics
+from edge_agent.agent import AgentConfig
 from edge_agent.data import make_rcv1_like
 from edge_agent.models import make_model
 from edge_agent.profiles import resolve_profile
-from edge_agent.transports import Message, Transport, open_transport, topics
+from edge_agent.transports import Message
 
 JOB = "reset"
 D = 200
 
 
-def _agent(url: str, name: str, seed: int) -> Agent:
-    shard = make_rcv1_like(120, D, rng=np.random.default_rng(seed), nnz_per_row=15)
-    return Agent(
-        AgentConfig(job=JOB, agent_id=name, feedback="ef21", policy="fixed:20",
-                    duty_cycle="ignore", resend_s=None),
-        model=make_model("logreg", n_features=D),
-        data=shard,
-        profile=resolve_profile("lorawan_eu868_dr5_sf7"),
-        transport=open_transport(url, role="agent", client_id=name),
-    )  # fmt: skip
-
-
 class Fleet:
-    def __init__(self, url: str) -> None:
-        self.engine = RoundEngine(
+    """Two EF21 agents and an async engine on the shared harness; ``turn()`` is one step of
+    every agent followed by the engine taking what arrived, except an update held back."""
+
+    def __init__(self) -> None:
+        engine = RoundEngine(
             EngineConfig(job=JOB, d=D, mode="async", async_apply_every=1, max_staleness=2,
                          dedupe_window=2, min_agents=2, step_size=0.5)
         )  # fmt: skip
-        self.hub: Transport = open_transport(url, role="aggregator", client_id="engine")
-        self.hub.connect()
-        for pattern in topics.agent_inbound(JOB):
-            self.hub.subscribe(pattern)
-        self.agents = [_agent(url, "a1", 1), _agent(url, "a2", 2)]
+        self.harness = FleetHarness(engine, name="ef21-reset")
+        self.harness.clock.now = 1.0
+        self.engine = engine
+        for name, seed in (("a1", 1), ("a2", 2)):
+            self.harness.add_agent(
+                AgentConfig(job=JOB, agent_id=name, feedback="ef21", policy="fixed:20",
+                            duty_cycle="ignore", resend_s=None),
+                model=make_model("logreg", n_features=D),
+                data=make_rcv1_like(120, D, rng=np.random.default_rng(seed), nnz_per_row=15),
+                profile=resolve_profile("lorawan_eu868_dr5_sf7"),
+            )  # fmt: skip
+        self.agents = self.harness.agents
         self.held: list[Message] = []
         self.hold_next_update_of: str | None = None
         self.reasons: list[str | None] = []
-        for a in self.agents:
-            a.start()
-        self.publish(self.engine.snapshot_message())
-
-    def publish(self, *outs: object) -> None:
-        for out in outs:
-            self.hub.publish(out.topic, out.payload, retain=out.retain)  # type: ignore[attr-defined]
+        self.harness.start()
+        self.harness.publish(engine.snapshot_message())
 
     def deliver(self, m: Message) -> None:
-        eff = self.engine.handle(m.topic, m.payload, 1.0)
-        self.reasons.append(eff.reason)
-        self.publish(*eff.outbound)
+        self.reasons.append(self.harness.handle(m).reason)
 
     def turn(self) -> None:
-        for a in self.agents:
-            while (m := a.transport.recv(timeout_s=0)) is not None:
-                a.handle(m)
-            a.step()
-        while (m := self.hub.recv(timeout_s=0)) is not None:
-            agent = topics.parse(m.topic).agent
-            if topics.parse(m.topic).kind == "update" and agent == self.hold_next_update_of:
+        self.harness.deliver()
+        self.harness.step()
+        for m in self.harness.waiting():
+            parsed = topics.parse(m.topic)
+            if parsed.kind == "update" and parsed.agent == self.hold_next_update_of:
                 self.held.append(m)
                 self.hold_next_update_of = None
                 continue
             self.deliver(m)
 
 
+@pytest.fixture
+def fleet() -> Iterator[Fleet]:
+    made = Fleet()
+    with made.harness:  # every transport closed, the broker dropped, whatever happens
+        yield made
+
+
 def test_a_change_older_than_the_window_resets_both_sides_and_they_agree_again(
-    memory_url: str,
+    fleet: Fleet,
 ) -> None:
-    fleet = Fleet(memory_url)
     eng = fleet.engine
     a1 = fleet.agents[0]
     for _ in range(3):
@@ -102,11 +102,6 @@ def test_a_change_older_than_the_window_resets_both_sides_and_they_agree_again(
     assert np.array_equal(eng.h["a2"], fleet.agents[1].feedback.state)
     assert eng.sum_h is not None
     np.testing.assert_allclose(eng.sum_h, eng.h["a1"] + eng.h["a2"], rtol=1e-12, atol=1e-12)
-    for a in fleet.agents:  # take the last deltas
-        while (m := a.transport.recv(timeout_s=0)) is not None:
-            a.handle(m)
+    fleet.harness.deliver()  # take the last deltas
     versions = [a.version for a in fleet.agents]
     assert versions == [eng.version] * 2  # everyone on the newest model
-    for a in fleet.agents:
-        a.transport.close()
-    fleet.hub.close()
