@@ -3,7 +3,7 @@
 A cost profile (a JSON file in ``cost_profiles/``, one link per file) turns the
 size of an encoded update into its cost on a radio or network link. For a
 message whose encoding is ``B`` application bytes (docs/cost-profiles.md and
-ALGORITHM.md, "Cost of a message on a link")::
+docs/algorithm.md, "The cost of a message on a link")::
 
     B_link       = B + message_overhead_bytes            # application framing, e.g. MQTT PUBLISH
     packets      = ceil(B_link / max_payload_bytes)

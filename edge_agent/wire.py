@@ -555,3 +555,16 @@ def _decode_delta(buf: bytes) -> Delta:
     if not np.isfinite(vals).all():
         raise WireFormatError("delta contains nan or inf")
     return Delta(job, base, version, d, idx, vals)
+
+
+def body_offset(blob: bytes) -> int:
+    """Offset in a valid update message ``blob`` where its body (index code, values)
+    starts: what follows the header fields. Raises WireFormatError for a bad header."""
+    buf = bytes(blob)
+    try:
+        head = _header_fast(buf) or _header_checked(buf)
+    except WireFormatError:
+        raise
+    except Exception as exc:
+        raise WireFormatError(f"malformed update header ({type(exc).__name__}: {exc})") from exc
+    return head[9]
