@@ -1,0 +1,146 @@
+"""What the engine asks the service to publish: :class:`Outbound` messages, and the model
+deltas they may carry (:class:`DeltaParts`), merged per ingest batch by :func:`merge_deltas`.
+
+A delta says which entries of the model changed from ``base_version`` to ``version`` and
+their *new* values (not differences), so an agent that applies it holds the aggregator's
+model bit for bit. Its bytes are encoded only when a transport asks for them, so a batch
+that commits many versions encodes only the one merged delta.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from edge_agent import messages, topics, wire
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class DeltaParts:
+    """What a delta message says (the *new* values at the changed indices), not yet
+    encoded: the service merges a batch's consecutive deltas into one (:func:`merge_deltas`)
+    and encodes only that."""
+
+    job: str
+    d: int
+    base_version: int
+    version: int
+    indices: npt.NDArray[np.int64]  # sorted, distinct
+    values: FloatArray
+
+    def encode(self) -> bytes:
+        return wire.encode_delta(
+            self.indices,
+            self.values,
+            job=self.job,
+            base_version=self.base_version,
+            version=self.version,
+            d=self.d,
+        )
+
+
+class Outbound:
+    """A message to publish on every transport. A delta's bytes are encoded on first use."""
+
+    __slots__ = ("_payload", "delta", "retain", "topic")
+
+    def __init__(
+        self,
+        topic: str,
+        payload: bytes | None = None,
+        retain: bool = False,
+        *,
+        delta: DeltaParts | None = None,
+    ) -> None:
+        if (payload is None) == (delta is None):
+            raise ValueError("an Outbound has either a payload or delta parts")
+        self.topic = topic
+        self.retain = retain
+        self.delta = delta
+        self._payload = payload
+
+    @property
+    def payload(self) -> bytes:
+        if self._payload is None:
+            assert self.delta is not None
+            self._payload = self.delta.encode()
+        return self._payload
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Outbound):
+            return NotImplemented
+        return (self.topic, self.payload, self.retain) == (other.topic, other.payload, other.retain)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        what = f"delta {self.delta.base_version}->{self.delta.version}" if self.delta else ""
+        size = f"{len(self._payload)} bytes" if self._payload is not None else "not encoded"
+        return f"Outbound({self.topic!r}, {what or size}, retain={self.retain})"
+
+
+def merge_deltas(outbound: Iterable[Outbound]) -> list[Outbound]:
+    """Replace every run of consecutive, chained deltas (each one's base is the previous
+    one's version) by one delta from the first base to the last version.
+
+    Applying the merged delta sets every index to the value the last delta of the run gave
+    it, exactly what applying the run in order does, so agents reach the same bits with one
+    message. Everything else keeps its place. The service publishes a batch's messages
+    through this: a batch that committed 37 versions broadcasts one delta, not 37 (agents
+    only ever hold broadcast versions, so none needs the ones in between).
+    """
+    out: list[Outbound] = []
+    run: list[Outbound] = []
+
+    def flush() -> None:
+        if len(run) == 1:
+            out.append(run[0])
+        elif run:
+            out.append(_merged(run))
+        run.clear()
+
+    for o in outbound:
+        d = o.delta
+        if d is None:
+            flush()
+            out.append(o)
+            continue
+        prev = run[-1].delta if run else None
+        if prev is not None and (prev.version != d.base_version or o.topic != run[-1].topic):
+            flush()
+        run.append(o)
+    flush()
+    return out
+
+
+def _merged(run: list[Outbound]) -> Outbound:
+    """One delta for a chained run: each index keeps the value of the run's last delta."""
+    parts = [o.delta for o in run if o.delta is not None]
+    first, last = parts[0], parts[-1]
+    idx = np.concatenate([p.indices for p in parts])
+    vals = np.concatenate([p.values for p in parts])
+    order = np.argsort(idx, kind="stable")  # equal indices stay in version order
+    idx, vals = idx[order], vals[order]
+    last_of_each = np.empty(idx.size, dtype=bool)
+    if idx.size:
+        np.not_equal(idx[1:], idx[:-1], out=last_of_each[:-1])
+        last_of_each[-1] = True
+    merged = DeltaParts(
+        job=first.job,
+        d=first.d,
+        base_version=first.base_version,
+        version=last.version,
+        indices=idx[last_of_each],
+        values=vals[last_of_each],
+    )
+    return Outbound(run[0].topic, retain=run[0].retain, delta=merged)
+
+
+def control_message(job: str, ctl: messages.Control) -> Outbound:
+    """``ctl`` on the job's control topic ``cat/<job>/control``."""
+    return Outbound(topics.control(job), messages.dump(ctl))
