@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -20,6 +21,7 @@ from edge_agent.profiles import (
     PROFILES_DIR_ENV,
     CostProfile,
     MessageCost,
+    PacketProfile,
     default_profiles_dir,
     list_profiles,
     load_profile,
@@ -465,3 +467,132 @@ def test_costs_are_nondecreasing_in_size(profile: CostProfile, sizes: list[int])
     np.testing.assert_allclose(
         objective, [profile.cost(int(s))[profile.objective] for s in ordered]
     )
+
+
+# --- the downlink part -----------------------------------------------------------------
+
+LORAWAN = [s for s in SHIPPED if s.startswith("lorawan_")]
+LORAWAN_EU868 = [s for s in LORAWAN if "_eu868_" in s]
+# radios whose receive current is well below their transmit current, and whose downlink
+# adds no transmission or listening window of its own: receiving any message costs less
+RX_CHEAPER = [*LORAWAN, "nbiot_udp_psm_rai", "ltem_udp_psm"]
+
+
+@pytest.mark.parametrize("stem", SHIPPED)
+def test_shipped_profile_has_a_valid_downlink_part(stem: str) -> None:
+    profile = load_profile(REPO_PROFILES / f"{stem}.json")
+    down = profile.downlink
+    assert down is not None, f"{stem}: no downlink part"
+    # the downlink prices the objective too, so CAT can choose a downlink size on this link
+    assert np.all(profile.downlink_objective_cost(np.array([1, 100, 10_000])) > 0)
+    assert (down.max_messages_per_day is None) == (profile.max_downlinks_per_day is None)
+
+
+@pytest.mark.parametrize("stem", SHIPPED)
+def test_shipped_downlink_cost_is_nondecreasing_and_vectorised(stem: str) -> None:
+    profile = load_profile(REPO_PROFILES / f"{stem}.json")
+    costs = [profile.downlink_cost(int(s)) for s in SIZES]
+    for field in ("bits", "packets", "airtime_s", "energy_j", "bytes_on_air"):
+        values = [getattr(c, field) for c in costs]
+        assert all(b >= a for a, b in itertools.pairwise(values)), field
+        assert all(v >= 0 and math.isfinite(v) for v in values), field
+    by_hand = [getattr(c.cost, profile.objective) for c in costs]
+    np.testing.assert_allclose(profile.downlink_objective_cost(SIZES), by_hand)
+
+
+@pytest.mark.parametrize("stem", LORAWAN)
+def test_lorawan_downlinks_split_at_the_rx1_payload_size(stem: str) -> None:
+    profile = load_profile(REPO_PROFILES / f"{stem}.json")
+    assert profile.downlink is not None
+    n = profile.downlink.max_payload_bytes
+    # EU868 RX1 uses the uplink's data rate, hence its N; US915 RX1 uses DR10-DR13 (N = 242)
+    assert n == (profile.max_payload_bytes if stem in LORAWAN_EU868 else 242)
+    assert n is not None
+    assert profile.downlink_cost(n).packets == 1
+    assert profile.downlink_cost(n + 1).packets == 2
+    assert profile.downlink_cost(2 * n + 1).packets == 3
+    assert profile.downlink_cost(n).bytes_on_air == n + 13
+
+
+def test_lora_dr0_downlink_by_hand() -> None:
+    c = resolve_profile("lorawan_eu868_dr0_sf12").downlink_cost(100)
+    assert c.packets == 2 and c.bytes_on_air == 126 and c.bits == 1008
+    assert c.airtime_s == pytest.approx(2 * 1.155 + 100 * 0.03277)
+    assert c.energy_j == pytest.approx(2 * 0.04193 + 100 * 0.001189)
+    # the gateway keeps the RX1 sub-band's 1 %: silent 99 times the downlink's airtime
+    assert c.silence_s == pytest.approx(c.airtime_s * 99)
+
+
+@pytest.mark.parametrize("stem", LORAWAN_EU868)
+def test_lorawan_eu868_downlinks_are_capped_at_ten_a_day(stem: str) -> None:
+    profile = load_profile(REPO_PROFILES / f"{stem}.json")
+    assert profile.max_downlinks_per_day == 10
+    assert profile.downlink is not None and profile.downlink.sender_duty_cycle == 0.01
+
+
+def test_sigfox_downlinks_are_four_a_day_of_eight_bytes() -> None:
+    profile = resolve_profile("sigfox_rc1")
+    assert profile.max_downlinks_per_day == 4
+    assert profile.downlink is not None and profile.downlink.max_payload_bytes == 8
+    assert profile.downlink_cost(8).packets == 1 and profile.downlink_cost(9).packets == 2
+
+
+@pytest.mark.parametrize("stem", RX_CHEAPER)
+def test_receiving_costs_less_energy_than_sending(stem: str) -> None:
+    profile = load_profile(REPO_PROFILES / f"{stem}.json")
+    for size in SIZES[SIZES > 0]:  # 0 bytes: no packet, nothing to compare
+        down, up = profile.downlink_cost(int(size)), profile.message_cost(int(size))
+        assert down.energy_j < up.energy_j, int(size)
+
+
+def test_receiving_on_wifi_and_ble_costs_less_per_byte() -> None:
+    # ESP32: the device transmits the PUBACK, so only a message of at least a full segment
+    # is cheaper to receive; BLE: RX 6.26 mA against TX 6.4 mA, the receiver sends the ACKs
+    esp32 = resolve_profile("wifi_esp32_mqtt_tcp")
+    for size in (1460, 10_000, 123_457):
+        assert esp32.downlink_cost(size).energy_j < esp32.message_cost(size).energy_j
+    for stem in ("wifi_esp32_mqtt_tcp", "ble42_1m_nodle_notify", "ble5_2m_dle_notify"):
+        profile = resolve_profile(stem)
+        assert isinstance(profile, PacketProfile) and profile.downlink is not None
+        assert profile.downlink.per_byte["energy_j"] < profile.per_byte["energy_j"], stem
+
+
+@pytest.mark.parametrize(
+    "stem", ["paper_payload_bits", "paper_packet_model", "zmq_tcp_affine_example"]
+)
+def test_abstract_profiles_write_out_a_symmetric_downlink(stem: str) -> None:
+    profile = load_profile(REPO_PROFILES / f"{stem}.json")
+    assert profile.downlink is not None and profile.max_downlinks_per_day is None
+    for size in SIZES:
+        assert profile.downlink_cost(int(size)) == profile.message_cost(int(size))
+
+
+def test_profile_without_downlink_is_symmetric() -> None:
+    profile = parse_profile(_packet(duty_cycle=0.01))
+    assert profile.downlink is None and profile.max_downlinks_per_day is None
+    for size in SIZES:
+        up = profile.message_cost(int(size))
+        assert up.silence_s > 0 or size == 0
+        assert profile.downlink_cost(int(size)) == dataclasses.replace(up, silence_s=0.0)
+    np.testing.assert_array_equal(
+        profile.downlink_objective_cost(SIZES), profile.objective_cost(SIZES)
+    )
+
+
+def test_unknown_field_in_downlink_lists_the_allowed_fields(tmp_path: Path) -> None:
+    path = _write(tmp_path, _packet(downlink={"max_payload_bytes": 51, "colour": "red"}))
+    with pytest.raises(ProfileError) as info:
+        load_profile(path)
+    message = str(info.value)
+    assert f"profile {path}: downlink.colour: unknown field; allowed fields: " in message
+    for field in ("max_payload_bytes", "per_byte", "sender_duty_cycle", "max_messages_per_day"):
+        assert field in message
+
+
+@pytest.mark.parametrize("stem", SHIPPED)
+def test_price_picks_the_direction(stem: str) -> None:
+    profile = load_profile(REPO_PROFILES / f"{stem}.json")
+    for size in (0, 100, 5000):
+        assert profile.price(size, "down") == profile.downlink_cost(size)
+        assert profile.price(size, "up") == profile.message_cost(size)
+        assert profile.price(size) == profile.message_cost(size)
