@@ -22,16 +22,19 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from edge_agent import messages
+from edge_agent import messages, topics
 from edge_agent.compressors import Update, ValueDtype, compress
+from edge_agent.cost import ZERO, Cost, Traffic
 from edge_agent.data import Dataset
+from edge_agent.downlink import Family, StateSnapshot, decode_downlink
 from edge_agent.errors import TransportError, WireFormatError
 from edge_agent.feedback import FEEDBACK, Feedback
 from edge_agent.models import Model
 from edge_agent.profiles import CostProfile, MessageCost
+from edge_agent.replica import Replica
 from edge_agent.selection import Policy, make_price, parse_policy
-from edge_agent.transports import Message, Transport, topics
-from edge_agent.wire import Delta, Snapshot, decode_model, encode
+from edge_agent.transports import Message, Transport
+from edge_agent.wire import Snapshot, encode
 
 log = logging.getLogger("edge_agent")
 
@@ -62,28 +65,78 @@ class AgentConfig:
 
 @dataclass
 class CostLedger:
-    """Everything this agent put on its link, per metric (units in the names)."""
+    """Everything this agent put on its link (``up``) and received (``down``), priced on
+    its own profile (units in the names; :class:`edge_agent.cost.Cost`).
 
-    messages: int = 0
-    updates: int = 0
-    size_bytes: int = 0
+    ``up`` counts every message sent (updates, re-sends, hellos, status, requests),
+    ``down`` every message received from the aggregator (snapshots, steps, deltas,
+    control); ``update_cost`` is the part of ``up`` that was first sends of updates.
+    ``silence_s`` sums the duty-cycle silence owed after each send. The scalar fields
+    (``messages``, ``bits``, ``airtime_s``, ...) are the uplink's, as before.
+    """
+
+    up: Cost = ZERO
+    down: Cost = ZERO
+    update_cost: Cost = ZERO
     bytes_on_air: int = 0
-    packets: int = 0
-    bits: float = 0.0
-    airtime_s: float = 0.0
-    energy_j: float = 0.0
+    bytes_on_air_down: int = 0
     silence_s: float = 0.0
 
     def add(self, cost: MessageCost, *, update: bool) -> None:
-        self.messages += 1
-        self.updates += int(update)
-        self.size_bytes += cost.size_bytes
+        """Account one message sent."""
+        c = cost.cost
+        self.up = self.up + c
+        if update:
+            self.update_cost = self.update_cost + c
         self.bytes_on_air += cost.bytes_on_air
-        self.packets += cost.packets
-        self.bits += cost.bits
-        self.airtime_s += cost.airtime_s
-        self.energy_j += cost.energy_j
         self.silence_s += cost.silence_s
+
+    def received(self, cost: MessageCost) -> None:
+        """Account one message received."""
+        self.down = self.down + cost.cost
+        self.bytes_on_air_down += cost.bytes_on_air
+
+    @property
+    def traffic(self) -> Traffic:
+        return Traffic(self.up, self.down)
+
+    @property
+    def messages(self) -> int:
+        return self.up.messages
+
+    @property
+    def updates(self) -> int:
+        return self.update_cost.messages
+
+    @property
+    def size_bytes(self) -> int:
+        return self.up.bytes
+
+    @property
+    def packets(self) -> int:
+        return self.up.packets
+
+    @property
+    def bits(self) -> float:
+        return self.up.bits
+
+    @property
+    def airtime_s(self) -> float:
+        return self.up.airtime_s
+
+    @property
+    def energy_j(self) -> float:
+        return self.up.energy_j
+
+    def summary(self) -> dict[str, object]:
+        """JSON-able: uplink, downlink and total, plus updates and silence owed."""
+        return {
+            **self.traffic.to_dict(),
+            "updates": self.updates,
+            "bytes_on_air": self.bytes_on_air,
+            "bytes_on_air_down": self.bytes_on_air_down,
+            "silence_s": self.silence_s,
+        }
 
 
 @dataclass(frozen=True)
@@ -119,6 +172,7 @@ class AgentCounters:
     dropped: dict[str, int] = field(default_factory=dict)
     snapshots: int = 0
     deltas: int = 0
+    steps: int = 0  # replicated steps messages applied
     requests: int = 0
     resends: int = 0
     resets: int = 0  # EF21 state resets the aggregator asked for
@@ -159,8 +213,9 @@ class Agent:
             if smoothness is not None
             else model.smoothness(data, rng=np.random.default_rng(config.seed))
         )
-        self.x: FloatArray | None = None
-        self.version: int | None = None
+        family: Family = "ef21" if self.feedback.semantics == "ef21" else "mean"
+        #: the model copy, kept bit-identical to the aggregator's (or its broadcast model)
+        self.replica = Replica(model.d, family)
         self.sent_version: int | None = None
         self.seq = 0
         self.rounds = 0
@@ -178,12 +233,16 @@ class Agent:
         self._last_blob: bytes | None = None
         self._last_progress = clock()
         self._quiet_until = 0.0
+        self._resend_wanted = False
+        self._outbox: list[tuple[str, bytes]] = []
+        self._outbox_stale_request = False
         self._fresh = True
         self._hello_interval_s = 1.0
         self._topic_update = topics.update(config.job, config.agent_id)
         self._topic_model = topics.model(config.job)
         self._topic_delta = topics.delta(config.job)
         self._topic_control = topics.control(config.job)
+        self._topic_request = topics.request(config.job, config.agent_id)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -217,15 +276,15 @@ class Agent:
             next_seq=self.seq,
             version=self.version,
         )
+        # no separate "online" status: a hello marks the agent online at the aggregator, and
+        # on a duty-cycled radio every message costs minutes of silence
         self._send_control(topics.hello(job, me), messages.dump(hello))
-        self._send_control(
-            topics.status(job, me), messages.dump(messages.Status(state="online", agent=me))
-        )
         if self.x is None:
             self._request_snapshot()
         self._last_progress = self.clock()
 
     def _request_snapshot(self) -> None:
+        self._outbox_stale_request = self.x is None  # only wanted until a model arrives
         self.counters.requests += 1
         req = messages.Request(have=self.version)
         self._send_control(
@@ -233,9 +292,31 @@ class Agent:
         )
 
     def _send_control(self, topic: str, payload: bytes) -> None:
-        """Control traffic costs radio time too: it goes into the ledger (not as an update)."""
+        """Control traffic costs radio time too: it goes into the ledger (not as an update),
+        and under ``duty_cycle="wait"`` it waits, like updates, until the radio may send
+        (the newest message per topic is kept; :meth:`run` sends it when the silence ends)."""
+        if self.config.duty_cycle == "wait" and self.clock() < self._quiet_until:
+            self._outbox = [(t, p) for t, p in self._outbox if t != topic]
+            self._outbox.append((topic, payload))
+            return
+        self._publish(topic, payload, update=False)
+
+    def _publish(self, topic: str, payload: bytes, *, update: bool) -> MessageCost:
+        """Send one message, account it, and owe the radio's duty-cycle silence after it:
+        the radio may send again after ``airtime / duty_cycle`` seconds."""
         self.transport.publish(topic, payload)
-        self.ledger.add(self.profile.message_cost(len(payload)), update=False)
+        cost = self.profile.message_cost(len(payload))
+        self.ledger.add(cost, update=update)
+        now = self.clock()
+        self._quiet_until = max(self._quiet_until, now) + cost.airtime_s + cost.silence_s
+        return cost
+
+    def _flush_outbox(self) -> None:
+        """Send the oldest waiting control message (one: each owes its own silence)."""
+        topic, payload = self._outbox.pop(0)
+        if topic == self._topic_request and self.x is not None and self._outbox_stale_request:
+            return  # the model arrived meanwhile: the request is no longer needed
+        self._publish(topic, payload, update=False)
 
     def stop(self) -> None:
         """Ask :meth:`run` to return (safe from a signal handler or another thread)."""
@@ -253,7 +334,13 @@ class Agent:
             return
         self._closed = True
         try:
-            if self._started:
+            quiet = self.config.duty_cycle == "wait" and self.clock() < self._quiet_until
+            if quiet:
+                log.info(
+                    "no goodbye: the radio owes %.1f s of duty-cycle silence",
+                    self._quiet_until - self.clock(),
+                )
+            if self._started and not quiet:
                 status = messages.Status(
                     state=state, agent=self.config.agent_id, round=self.version
                 )
@@ -268,7 +355,11 @@ class Agent:
     # ------------------------------------------------------------------ inbound
 
     def handle(self, msg: Message) -> None:
-        """Apply one inbound message. A bad one is counted, logged and dropped, never raised."""
+        """Apply one inbound message. A bad one is counted, logged and dropped, never raised.
+
+        Whatever arrives was received over the radio: it is priced on the profile's
+        downlink part and goes into the ledger's ``down`` direction, applied or not."""
+        self.ledger.received(self.profile.downlink_cost(len(msg.payload)))
         try:
             if msg.topic == self._topic_delta or msg.topic == self._topic_model:
                 self._handle_model(msg.payload)
@@ -281,45 +372,44 @@ class Agent:
             if self.counters.dropped["malformed"] == 1:
                 log.warning("dropped a malformed message on %s: %s", msg.topic, exc.reason)
 
+    @property
+    def x(self) -> FloatArray | None:
+        """This agent's model copy (None until the first snapshot)."""
+        return self.replica.x
+
+    @property
+    def version(self) -> int | None:
+        return self.replica.version
+
     def _handle_model(self, payload: bytes) -> None:
-        m = decode_model(payload)
+        m = decode_downlink(payload)
         if m.job != self.config.job:
             self.counters.drop("wrong_job")
             return
-        if isinstance(m, Snapshot):
-            self._apply_snapshot(m)
-        else:
-            self._apply_delta(m)
-
-    def _apply_snapshot(self, snap: Snapshot) -> None:
-        if snap.x.size != self.model.d:
-            self.counters.drop("wrong_d")
-            log.error("snapshot has d=%d, this agent's model has d=%d", snap.x.size, self.model.d)
+        had = self.replica.x is not None
+        refused = self.replica.apply(m)
+        if refused is None:
+            kind = type(m).__name__
+            if kind in ("Snapshot", "StateSnapshot"):
+                self.counters.snapshots += 1
+            elif kind == "Delta":
+                self.counters.deltas += 1
+            else:
+                self.counters.steps += 1
+            self._last_progress = self.clock()
             return
-        if self.version is not None and snap.version < self.version:
+        if refused == "old" and isinstance(m, Snapshot | StateSnapshot):
             self.counters.drop("old_snapshot")
-            return
-        self.counters.snapshots += 1
-        self.x = snap.x.copy()
-        self.version = snap.version
-        self._last_progress = self.clock()
-
-    def _apply_delta(self, delta: Delta) -> None:
-        if self.x is None or self.version is None:
-            return  # a snapshot is on its way (we asked for it)
-        if delta.d != self.model.d:
-            self.counters.drop("wrong_d")
-            return
-        if delta.version <= self.version:
-            return  # already have it
-        if delta.base_version != self.version:
-            self.counters.drop("version_gap")
-            self._request_snapshot()
-            return
-        self.counters.deltas += 1
-        delta.apply(self.x)
-        self.version = delta.version
-        self._last_progress = self.clock()
+        elif refused == "old" or (refused == "no_model" and not had):
+            return  # already have it / a snapshot is on its way (we asked for it)
+        else:
+            self.counters.drop(refused)
+            if refused == "wrong_d":
+                log.error(
+                    "a model message has another d than this agent's model (%d)", self.model.d
+                )
+            else:  # version_gap, no_aggregate, ...: ask for what is missing
+                self._request_snapshot()
 
     def _handle_control(self, ctl: messages.Control) -> None:
         if ctl.cmd == "stop":
@@ -330,8 +420,11 @@ class Agent:
                 return
             if ctl.version == self.version == self.sent_version:
                 # The aggregator restarted and may have lost the open round: the same
-                # bytes again (same seq), which it de-duplicates if it had them.
-                self._resend()
+                # bytes again (same seq), which it de-duplicates if it had them, as soon
+                # as the duty cycle allows.
+                self._resend_wanted = True
+                if self.config.duty_cycle == "ignore":
+                    self._resend()
             elif ctl.version > self.version:
                 self._request_snapshot()
         elif ctl.cmd == "reset":
@@ -396,13 +489,10 @@ class Agent:
         t3 = time.perf_counter()
         blob = encode(update, job=cfg.job, agent=cfg.agent_id, round=self.version, seq=self.seq)
         t4 = time.perf_counter()
-        self.transport.publish(self._topic_update, blob)
+        cost = self._publish(self._topic_update, blob, update=True)
         t5 = time.perf_counter()
         # Only once the transport has it: the memory must match what the aggregator applies.
         self.feedback.commit(v, update)
-        cost = self.profile.message_cost(len(blob))
-        self.ledger.add(cost, update=True)
-        self._quiet_until = self.clock() + cost.silence_s
         entry = RoundLog(
             round=self.version,
             seq=self.seq,
@@ -434,11 +524,12 @@ class Agent:
         return entry
 
     def _resend(self) -> None:
+        self._resend_wanted = False
         if self._last_blob is None:
             return
         self.counters.resends += 1
-        self.transport.publish(self._topic_update, self._last_blob)
-        self.ledger.add(self.profile.message_cost(len(self._last_blob)), update=False)
+        log.info("re-sending the update for round %s (no new model for a while)", self.sent_version)
+        self._publish(self._topic_update, self._last_blob, update=False)
         self._last_progress = self.clock()
 
     # ------------------------------------------------------------------ the loop
@@ -454,8 +545,13 @@ class Agent:
             if self._stop.is_set():
                 break
             now = self.clock()
-            if self.due and (cfg.duty_cycle == "ignore" or now >= self._quiet_until):
+            may_send = cfg.duty_cycle == "ignore" or now >= self._quiet_until
+            if self._outbox and may_send:
+                self._flush_outbox()
+            elif self.due and may_send:
                 self.step()
+            elif self._resend_wanted and may_send:
+                self._resend()
             elif (
                 cfg.max_rounds is not None
                 and self.rounds >= cfg.max_rounds
@@ -463,6 +559,8 @@ class Agent:
             ):
                 self.finished = True  # its last update was applied: say "done", not "offline"
                 break
+            elif not may_send:
+                continue  # the radio owes silence: nothing else may go out
             elif self.x is None and now - self._last_progress >= self._hello_interval_s:
                 # No model yet: the aggregator may not be up, or missed the hello. Back off.
                 self._say_hello()

@@ -7,12 +7,12 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from edge_agent import messages, wire
+from edge_agent import messages, topics, wire
 from edge_agent.agent import Agent, AgentConfig
 from edge_agent.data import Dataset, make_rcv1_like
 from edge_agent.models import make_model
 from edge_agent.profiles import resolve_profile
-from edge_agent.transports import Transport, open_transport, topics
+from edge_agent.transports import Transport, open_transport
 from edge_agent.transports.memory import MemoryTransport
 
 JOB = "job1"
@@ -34,13 +34,12 @@ class Peer:
         self.hellos: list[messages.Hello] = []
         self.statuses: list[str] = []
         self.requests = 0
+        self.sent_bytes = 0  # everything published to the agent
 
     def snapshot(self) -> None:
-        self.t.publish(
-            topics.model(JOB),
-            wire.encode_snapshot(self.x, job=JOB, version=self.version),
-            retain=True,
-        )
+        blob = wire.encode_snapshot(self.x, job=JOB, version=self.version)
+        self.sent_bytes += len(blob)
+        self.t.publish(topics.model(JOB), blob, retain=True)
 
     def pump(self, *, step: bool = True) -> None:
         while (m := self.t.recv(timeout_s=0)) is not None:
@@ -68,6 +67,7 @@ class Peer:
                         d=D,
                     )
                     self.x, self.version = new, self.version + 1
+                    self.sent_bytes += len(blob)
                     self.t.publish(topics.delta(JOB), blob)
 
 
@@ -140,11 +140,17 @@ def test_ledger_accounts_every_message_on_the_profile(
     drive(agent, peer, 5)
     profile = agent.profile
     assert agent.ledger.updates == 5
-    assert agent.ledger.messages == 5 + 3  # hello, status online, snapshot request
+    assert agent.ledger.messages == 5 + 2  # hello, snapshot request
     assert agent.last_log is not None
     expected = profile.message_cost(agent.last_log.size_bytes)
     assert agent.last_log.airtime_s == expected.airtime_s
     assert agent.ledger.silence_s > 0  # EU868 1% duty cycle is owed even when ignored
+    # the downlink: the snapshot and the five deltas, priced on the profile's downlink part
+    down = agent.ledger.down
+    assert down.messages == 1 + 5
+    assert down.bytes == peer.sent_bytes
+    assert agent.ledger.traffic.total.bytes == agent.ledger.up.bytes + peer.sent_bytes
+    assert down.airtime_s > 0 and down.energy_j > 0
 
 
 def test_version_gap_triggers_a_snapshot_request(
@@ -179,7 +185,7 @@ def test_malformed_and_foreign_messages_are_counted_and_dropped(
     while (m := agent.transport.recv(timeout_s=0)) is not None:
         agent.handle(m)
     assert agent.counters.dropped == {"malformed": 2, "wrong_d": 1, "wrong_job": 1}
-    assert before is not None and np.array_equal(agent.x, before)
+    assert before is not None and agent.x is not None and np.array_equal(agent.x, before)
 
 
 def test_stop_control_finishes_the_run_loop(memory_url: str, peer: Peer, shard: Dataset) -> None:
@@ -215,7 +221,7 @@ def test_max_rounds_ends_the_run(memory_url: str, peer: Peer, shard: Dataset) ->
     assert agent.finished  # its work is over: the CLI says "done", not "offline"
     agent.close("done")
     peer.pump()
-    assert peer.statuses == ["online", "done"]
+    assert peer.statuses == ["done"]  # a hello says online
 
 
 class _Reconnecting(MemoryTransport):
@@ -235,7 +241,7 @@ def test_close_says_goodbye_even_while_the_transport_reports_no_connection(
     agent.start()
     agent.close("done")
     peer.pump()
-    assert peer.statuses == ["online", "done"]
+    assert peer.statuses == ["done"]  # a hello says online
 
 
 def test_close_is_idempotent_and_survives_a_transport_closed_under_it(
@@ -246,7 +252,7 @@ def test_close_is_idempotent_and_survives_a_transport_closed_under_it(
     agent.close("done")
     agent.close("offline")  # a second goodbye would contradict the first
     peer.pump()
-    assert peer.statuses == ["online", "done"]
+    assert peer.statuses == ["done"]  # a hello says online
     other = make_agent(memory_url, shard)
     other.start()
     other.transport.close()
