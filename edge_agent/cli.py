@@ -174,6 +174,9 @@ def cmd_profiles(args: argparse.Namespace) -> int:
         dense_size = int(encoded_size("dense", d=d, t=d, job="job", agent="agent", round=0, seq=0))
         c, dc = p.message_cost(size), p.message_cost(dense_size)
         objective = p.objective
+        # receiving the dense model once (what a dense broadcast costs this device), and the
+        # network's daily downlink cap (None: no cap); a profile without a downlink part is symmetric
+        down_dense = p.downlink_cost(dense_size)
         rows.append(
             {
                 "profile": p.name,
@@ -189,6 +192,9 @@ def cmd_profiles(args: argparse.Namespace) -> int:
                 "dense_size_bytes": dense_size,
                 "cost_vs_dense": getattr(c, objective if objective != "packets" else "packets")
                 / max(getattr(dc, objective if objective != "packets" else "packets"), 1e-300),
+                "downlink_dense_cost": getattr(down_dense.cost, objective),
+                "downlink_dense_packets": down_dense.packets,
+                "max_downlinks_per_day": p.max_downlinks_per_day,
             }
         )
     if args.json:
@@ -198,14 +204,23 @@ def cmd_profiles(args: argparse.Namespace) -> int:
     print(
         f"CAT choice for d={d} ({args.compressor}, {'gradient ' + args.gradient if args.gradient else 'synthetic heavy-tailed gradient'}):"
     )
-    head = f"{'profile':<36} {'objective':<10} {'T*':>7} {'bytes':>8} {'pkts':>5} {'airtime_s':>10} {'energy_j':>10} {'vs dense':>9}"
+    head = (
+        f"{'profile':<36} {'objective':<10} {'T*':>7} {'bytes':>8} {'pkts':>5} {'airtime_s':>10} "
+        f"{'energy_j':>10} {'vs dense':>9} {'down dense':>10} {'down/day':>8}"
+    )
     print(head)
     print("-" * len(head))
     for r in rows:
+        cap = r["max_downlinks_per_day"]
         print(
             f"{r['profile']:<36} {r['objective']:<10} {r['t']:>7} {r['size_bytes']:>8} {r['packets']:>5} "
-            f"{r['airtime_s']:>10.4g} {r['energy_j']:>10.4g} {r['cost_vs_dense']:>9.2e}"
+            f"{r['airtime_s']:>10.4g} {r['energy_j']:>10.4g} {r['cost_vs_dense']:>9.2e} "
+            f"{r['downlink_dense_cost']:>10.4g} {'-' if cap is None else cap:>8}"
         )
+    print(
+        "down dense: receiving one dense model message, in the objective's unit; "
+        "down/day: the network's downlink cap per day (-: none)"
+    )
     return 0
 
 

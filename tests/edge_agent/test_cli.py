@@ -32,6 +32,25 @@ def test_profiles_table_names_the_columns(capsys: pytest.CaptureFixture[str]) ->
     assert "lorawan_eu868_dr0_sf12" in out and "T*" in out and "airtime_s" in out
 
 
+def test_profiles_show_the_dense_downlink_and_the_daily_cap(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    names = ["lorawan_eu868_dr0_sf12", "sigfox_rc1", "ble5_2m_dle_notify"]
+    assert main(["profiles", *names, "--d", "1000", "--json"]) == 0
+    rows = {r["profile"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
+    shipped = {p.name: p for p in list_profiles()}
+    for name in names:
+        profile, row = shipped[name], rows[name]
+        dense = profile.downlink_cost(row["dense_size_bytes"])
+        assert row["downlink_dense_cost"] == getattr(dense.cost, profile.objective) > 0
+        assert row["downlink_dense_packets"] == dense.packets
+    assert [rows[n]["max_downlinks_per_day"] for n in names] == [10, 4, None]
+    assert main(["profiles", *names, "--d", "1000"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert "down dense" in table[1] and "down/day" in table[1]
+    assert table[3].split()[-1] == "10" and table[5].split()[-1] == "-"
+
+
 def test_data_generate_writes_shards_that_partition_the_rows(tmp_path: Path) -> None:
     assert (
         main(
