@@ -37,37 +37,50 @@ def _num(v: float) -> float | int:
     return int(v) if float(v).is_integer() and abs(v) < 2**53 else float(v)
 
 
+#: The record fields measured at the round a target was reached, in record order.
+_AT_TARGET: Final[tuple[str, ...]] = (
+    *METRICS, "bytes", "bytes_fixed32_index", "mean_t", "sim_time_s",
+)  # fmt: skip
+
+
+def _at_target(result: RunResult, k: int | None) -> dict[str, Any]:
+    """The :data:`_AT_TARGET` fields at round ``k`` (all null: the target was not reached)."""
+    if k is None:
+        return dict.fromkeys(_AT_TARGET)
+    tr = result.trace
+    return {
+        **{m: _num(tr.cost[m][k]) for m in METRICS},
+        "bytes": tr.bytes[k],
+        "bytes_fixed32_index": tr.bytes_fixed32[k],
+        "mean_t": None if k == 0 else tr.t_sum[k] / (k * result.fleet.agents),
+        "sim_time_s": tr.sim_time_s[k],
+    }
+
+
 def records(result: RunResult, targets: Sequence[float]) -> list[dict[str, Any]]:
     """One JSON record per target (null costs where the target was not reached)."""
-    out: list[dict[str, Any]] = []
-    tr, fleet = result.trace, result.fleet
-    for eps in targets:
-        k = result.reached.get(eps)
-        out.append(
-            {
-                "method": result.method.spec,
-                "target": eps,
-                "rounds": k,
-                **{m: (None if k is None else _num(tr.cost[m][k])) for m in METRICS},
-                "bytes": None if k is None else tr.bytes[k],
-                "bytes_fixed32_index": None if k is None else tr.bytes_fixed32[k],
-                "mean_t": None if k is None or k == 0 else tr.t_sum[k] / (k * fleet.agents),
-                "sim_time_s": None if k is None else tr.sim_time_s[k],
-                "agents": fleet.agents,
-                "profile": fleet.profile_label,
-                "rows": sum(s.n_rows for s in fleet.shards),
-                "d": fleet.shards[0].n_features,
-                "rounds_run": result.rounds_run,
-                "final_suboptimality": tr.subopt[-1],
-                "stop_reason": result.stop_reason,
-                "step_size": result.step_size,
-                "models_equal": result.models_equal,
-                "selection_s": result.selection_s,
-                "selection_s_per_round": result.selection_s / max(1, result.rounds_run + 1),
-                "wall_s": result.wall_s,
-            }
-        )
-    return out
+    fleet = result.fleet
+    return [
+        {
+            "method": result.method.spec,
+            "target": eps,
+            "rounds": result.reached.get(eps),
+            **_at_target(result, result.reached.get(eps)),
+            "agents": fleet.agents,
+            "profile": fleet.profile_label,
+            "rows": sum(s.n_rows for s in fleet.shards),
+            "d": fleet.shards[0].n_features,
+            "rounds_run": result.rounds_run,
+            "final_suboptimality": result.trace.subopt[-1],
+            "stop_reason": result.stop_reason,
+            "step_size": result.step_size,
+            "models_equal": result.models_equal,
+            "selection_s": result.selection_s,
+            "selection_s_per_round": result.selection_s / max(1, result.rounds_run + 1),
+            "wall_s": result.wall_s,
+        }
+        for eps in targets
+    ]
 
 
 def write_json(results: Sequence[RunResult], targets: Sequence[float], path: str | Path) -> None:
