@@ -29,7 +29,7 @@ import numpy.typing as npt
 
 from edge_agent.compressors import VALUE_DTYPES, Update, ValueDtype
 from edge_agent.data import Dataset
-from edge_agent.models import Model
+from edge_agent.models import CurvaturePass, Model
 from edge_agent.selection import Price
 
 __all__ = [
@@ -51,6 +51,9 @@ DIRECTIONAL_COMPRESSORS: tuple[str, ...] = ("topk", "signtopk")
 """Compressors whose prefixes :func:`select_directional` prices (dense: :func:`dense_curvature`)."""
 
 _BLOCK = 64  # T per block when pruning the pricing
+_FIRST_CHUNK = 64  # top entries whose columns the pass looks at first
+_GROWTH = 4  # chunk growth while a longer prefix may still win
+_GRID = 1.03  # geometric step of the bound intervals beyond the entries seen
 _SLACK = 1e-9  # relative slack on block bounds: rounding never drops a block that may win
 
 
@@ -181,9 +184,15 @@ def select_directional(
 
     ``g``: the gradient of ``model`` on ``data`` (the agent's own rows; any point, the
     bound does not depend on it); ``price``: cost of an update of T entries, nondecreasing
-    in T (:func:`~edge_agent.selection.make_price`). Work: a partition and sort of the top
-    ``t_max`` entries, one pass over their columns (bounded by ``t_max``: pass a smaller
-    one to cap it), and the pricing of the blocks of T that may hold the maximum.
+    in T (:func:`~edge_agent.selection.make_price`).
+
+    The pass runs over the columns of the top entries in growing chunks (64, then 4x),
+    never beyond ``t_max``. It stops early when no longer prefix can win: every curvature
+    bound is at least ``l2 |q|^2``, so beyond the ``k`` entries seen (all later magnitudes
+    at most the k-th, ``tau``) the decrease is at most ``A2(T) / (2 l2)`` (topk), resp.
+    ``A1(T)^2 / (2 l2 T)`` (signtopk), with ``A2``, ``A1`` bounded through ``tau`` and
+    the totals; when that bound over the cost stays below the best ratio seen, the answer
+    is final. With ``l2 = 0`` there is no such bound and the pass reaches ``t_max``.
     """
     arr = np.asarray(g, dtype=np.float64).reshape(-1)
     d = arr.size
@@ -199,15 +208,68 @@ def select_directional(
     t_max = d if t_max is None else min(t_max, d)
     if not 1 <= t_min <= t_max:
         raise ValueError(f"need 1 <= t_min <= t_max <= d={d}, got t_min={t_min}, t_max={t_max}")
-    order = top_order(np.abs(arr), t_max)
-    g_top = arr[order]
-    q_top = _direction_values(g_top, compressor)
-    gq = np.cumsum(g_top * q_top)  # A2(T) for topk, A1(T) for signtopk
-    qmq = model.prefix_curvature(data, order, q_top)
-    t, ratio = _best(prefix_decrease(gq, qmq), t_min, price)
+    absg = np.abs(arr)
+    total = float(np.einsum("i,i->", arr, arr)) if compressor == "topk" else float(absg.sum())
+    curv = CurvaturePass(model, data)
+    gains: list[FloatArray] = []  # g_i q_i of the entries seen, in order
+    curvatures: list[FloatArray] = []  # B(q_T) for the prefixes seen
+    seen = 0
+    want = max(t_min, _FIRST_CHUNK)
+    while True:
+        k = min(want, t_max)
+        order = top_order(absg, k)  # canonical, so it extends the previous order
+        new = order[seen:]
+        g_new = arr[new]
+        q_new = _direction_values(g_new, compressor)
+        gains.append(g_new * q_new)
+        curvatures.append(curv.extend(new, q_new))
+        seen = k
+        gq = np.cumsum(np.concatenate(gains))  # A2(T) for topk, A1(T) for signtopk
+        qmq = np.concatenate(curvatures)
+        t, ratio = _best(prefix_decrease(gq, qmq), t_min, price)
+        if k == t_max:
+            break
+        beyond = _beyond(
+            compressor, float(gq[-1]), float(absg[order[-1]]), total, k, t_max, model.l2, price
+        )
+        if beyond <= ratio:
+            break
+        want *= _GROWTH
     return DirectionalSelection(
         t, ratio, np.sort(order[:t]).astype(np.int64), float(gq[t - 1]), float(qmq[t - 1])
     )
+
+
+def _beyond(
+    compressor: str,
+    a_k: float,
+    tau: float,
+    total: float,
+    k: int,
+    t_max: int,
+    l2: float,
+    price: Price,
+) -> float:
+    """An upper bound on decrease(T) / cost(T) for every T in ``(k, t_max]``.
+
+    ``B(q_T) >= l2 |q_T|^2`` gives decrease(T) <= ``A2(T) / (2 l2)`` (topk) or
+    ``A1(T)^2 / (2 l2 T)`` (signtopk). Unseen magnitudes are at most ``tau`` (the k-th
+    largest), so ``A(T) <= min(A(k) + (T - k) tau^p, total)`` (``p`` = 2 for A2, 1 for A1).
+    On each interval ``[a, b]`` of a geometric grid the numerator is taken at ``b`` and the
+    cost at ``a`` (the cost is nondecreasing), so a few hundred prices cover every T.
+    """
+    if l2 <= 0.0:
+        return float("inf")
+    starts = [k + 1]
+    while starts[-1] <= t_max:
+        starts.append(max(starts[-1] + 1, int(starts[-1] * _GRID)))
+    a = np.array(starts[:-1], dtype=np.int64)
+    b = np.minimum(np.array(starts[1:], dtype=np.int64) - 1, t_max)
+    if compressor == "topk":
+        bound = np.minimum(a_k + (b - k) * tau * tau, total) / (2.0 * l2)
+    else:
+        bound = np.minimum(a_k + (b - k) * tau, total) ** 2 / (2.0 * l2 * a)
+    return float((bound / price(a)).max()) * (1.0 + _SLACK)
 
 
 def dense_curvature(g: npt.ArrayLike, model: Model, data: Dataset) -> tuple[float, float]:

@@ -30,12 +30,12 @@ import numpy.typing as npt
 from edge_agent.data import Dataset
 from edge_agent.errors import DataError, lookup
 from edge_agent.sparse import (
+    ColumnPass,
     FloatArray,
     IndexArray,
     Matrix,
     matmat,
     matvec,
-    prefix_sq_norms,
     rmatmat,
     rmatvec,
     row_norms_sq,
@@ -45,6 +45,7 @@ from edge_agent.sparse import (
 __all__ = [
     "MODELS",
     "SAFETY_FACTOR",
+    "CurvaturePass",
     "LeastSquares",
     "LogisticRegression",
     "Model",
@@ -210,14 +211,10 @@ class Model(ABC):
         ``q_T`` holds the first ``T`` listed entries (``T = 1 .. len(indices)``).
 
         One incremental pass over the listed columns in list order
-        (:func:`~edge_agent.sparse.prefix_sq_norms`), about the cost of one gradient
-        when the columns hold most of the shard's non-zeros, less otherwise.
+        (:class:`CurvaturePass`), about the cost of one gradient when the columns hold
+        most of the shard's non-zeros, less otherwise.
         """
-        n = self._rows(data)
-        idx, qv = self._sparse_direction(indices, values)
-        cols, slots, n_slots = self._direction_layout(idx)
-        sq = prefix_sq_norms(data.X, cols, qv, slots=slots, n_slots=n_slots)
-        return np.asarray(self.curvature * sq / n + self.l2 * np.cumsum(qv * qv), dtype=np.float64)
+        return CurvaturePass(self, data).extend(indices, values)
 
     def _direction_product(self, a: Matrix, q: FloatArray) -> FloatArray:
         """``A Q`` for a dense direction (the scores' change along ``q``)."""
@@ -280,6 +277,38 @@ class Model(ABC):
         if xv.shape != (self.d,):
             raise DataError(f"model {self.kind}: x must have shape ({self.d},), got {xv.shape}")
         return xv
+
+
+class CurvaturePass:
+    """``B(q_T)`` (:meth:`Model.directional_curvature`) for a direction built entry by entry.
+
+    :meth:`extend` appends entries (indices distinct over the whole pass) and returns the
+    bound after each of them; the running ``A Q`` is kept (:class:`~edge_agent.sparse.ColumnPass`),
+    so a caller can look at the first entries and extend only when it needs more.
+    """
+
+    def __init__(self, model: Model, data: Dataset) -> None:
+        self.model = model
+        self.data = data
+        self.n = model._rows(data)
+        _, _, n_slots = model._direction_layout(np.zeros(0, dtype=np.int64))
+        self._pass = ColumnPass(data.X, n_slots=n_slots)
+        self._qq = 0.0
+        self._used = np.zeros(model.d, dtype=bool)
+
+    def extend(self, indices: npt.ArrayLike, values: npt.ArrayLike) -> FloatArray:
+        """Append the entries in order; return ``B(q_T)`` after each of them."""
+        model = self.model
+        idx, qv = model._sparse_direction(indices, values)
+        if idx.size and bool(self._used[idx].any()):
+            raise DataError(f"model {model.kind}: direction indices must be distinct")
+        self._used[idx] = True
+        cols, slots, _ = model._direction_layout(idx)
+        sq = self._pass.extend(cols, qv, slots=slots)
+        qq = self._qq + np.cumsum(qv * qv)
+        if qq.size:
+            self._qq = float(qq[-1])
+        return np.asarray(model.curvature * sq / self.n + model.l2 * qq, dtype=np.float64)
 
 
 def _pm1_labels(y: FloatArray, kind: str) -> FloatArray:

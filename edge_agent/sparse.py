@@ -26,6 +26,7 @@ IndexArray: TypeAlias = npt.NDArray[np.int64]
 __all__ = [
     "CSRMatrix",
     "ColumnIndex",
+    "ColumnPass",
     "FloatArray",
     "IndexArray",
     "Matrix",
@@ -362,13 +363,13 @@ def stable_order(keys: npt.NDArray[np.integer], bound: int) -> IndexArray:
     16-bit passes (low half, then high half), the classic least-significant-digit radix.
     """
     if bound <= 1 << 16:
-        return np.argsort(keys.astype(np.uint16), kind="stable").astype(np.int64)
+        return np.argsort(keys.astype(np.uint16), kind="stable").astype(np.int64, copy=False)
     if bound <= 1 << 32:
         wide = keys.astype(np.uint32)
         low = np.argsort((wide & 0xFFFF).astype(np.uint16), kind="stable")
         high = np.argsort((wide[low] >> 16).astype(np.uint16), kind="stable")
-        return low[high].astype(np.int64)
-    return np.argsort(keys, kind="stable").astype(np.int64)
+        return low[high].astype(np.int64, copy=False)
+    return np.argsort(keys, kind="stable").astype(np.int64, copy=False)
 
 
 def _column_entries(a: Matrix, cols: IndexArray) -> tuple[IndexArray, FloatArray, IndexArray]:
@@ -437,27 +438,55 @@ def prefix_sq_norms(
     slots: npt.ArrayLike | None = None,
     n_slots: int = 1,
 ) -> FloatArray:
-    """``S[T-1] = |A Q_T|_F^2`` for every prefix ``Q_T`` of the first T listed entries.
+    """``S[T-1] = |A Q_T|_F^2`` for every prefix ``Q_T`` of the first T listed entries
+    (one :meth:`ColumnPass.extend` from ``Q = 0``)."""
+    return ColumnPass(a, n_slots=n_slots).extend(cols, coefs, slots=slots)
 
-    The incremental identity ``|v + s a|^2 = |v|^2 + 2 s <v, a> + s^2 |a|^2`` applied
-    entry by entry, vectorised: the entries of the listed columns are grouped by output
-    cell (row, slot) keeping the list order inside a cell (a stable radix sort), a
-    segmented running sum gives each entry the cell's value ``p`` before it, and entry
-    ``w`` adds ``w (2 p + w)`` to the squared norm of its prefix; one bincount by list
-    position and one cumulative sum give all prefixes. O(m + non-zeros of the columns).
+
+class ColumnPass:
+    """The running product ``v = A Q`` of a direction built entry by entry, and
+    ``|A Q_T|_F^2`` after every entry.
+
+    The incremental identity ``|v + s a|^2 = |v|^2 + 2 s <v, a> + s^2 |a|^2`` applied entry
+    by entry, vectorised per :meth:`extend`: the entries of the new columns are grouped by
+    output cell ``row * n_slots + slot`` keeping the list order inside a cell (a stable
+    radix sort), a segmented running sum on top of ``v`` gives each entry its cell's value
+    ``p`` before it, and entry ``w`` adds ``w (2 p + w)``; one bincount by list position and
+    a cumulative sum give every prefix. ``v`` is dense over the cells (``n_rows * n_slots``
+    floats); each call costs O(new entries + non-zeros of their columns + cells).
     """
-    cells, w, owner, n_cells, m = _combination_entries(a, cols, coefs, slots, n_slots)
-    if w.size == 0:  # no direction, or only empty columns: A Q_T = 0 for every T
-        return np.zeros(m, dtype=np.float64)
-    order = stable_order(cells, n_cells)
-    w = w[order]
-    owner = owner[order]
-    # entries are now grouped by cell in ascending cell order: segment sizes from a bincount
-    sizes = np.bincount(cells, minlength=n_cells)
-    sizes = sizes[sizes > 0]
-    running = np.cumsum(w)
-    seg_end = np.cumsum(sizes)
-    before_segment = np.concatenate(([0.0], running[seg_end[:-1] - 1]))
-    prev = running - np.repeat(before_segment, sizes) - w  # the cell's value before entry
-    delta = np.bincount(owner, weights=w * (2.0 * prev + w), minlength=m)
-    return np.asarray(np.cumsum(delta), dtype=np.float64)
+
+    def __init__(self, a: Matrix, *, n_slots: int = 1) -> None:
+        if n_slots < 1:
+            raise DataError(f"ColumnPass: n_slots must be >= 1, got {n_slots}")
+        self.a = a
+        self.n_slots = n_slots
+        self.v: FloatArray = np.zeros(int(a.shape[0]) * n_slots, dtype=np.float64)
+        self.sq = 0.0
+        self.count = 0
+
+    def extend(
+        self, cols: npt.ArrayLike, coefs: npt.ArrayLike, *, slots: npt.ArrayLike | None = None
+    ) -> FloatArray:
+        """Add the entries in order; return ``|A Q_T|_F^2`` after each of them."""
+        cells, w, owner, n_cells, m = _combination_entries(self.a, cols, coefs, slots, self.n_slots)
+        self.count += m
+        if w.size == 0:  # no entries, or only empty columns: A Q does not change
+            return np.full(m, self.sq, dtype=np.float64)
+        order = stable_order(cells, n_cells)
+        w_sorted = w[order]
+        # entries are now grouped by cell, cells ascending: a segmented running sum that
+        # starts from the cell's current value v[cell]
+        counts = np.bincount(cells, minlength=n_cells)
+        present = np.flatnonzero(counts)
+        sizes = counts[present]
+        running = np.cumsum(w_sorted)
+        seg_end = np.cumsum(sizes)
+        before_segment = np.concatenate(([0.0], running[seg_end[:-1] - 1]))
+        offset = np.repeat(before_segment - self.v[present], sizes)
+        prev = running - offset - w_sorted
+        delta = np.bincount(owner[order], weights=w_sorted * (2.0 * prev + w_sorted), minlength=m)
+        out = self.sq + np.cumsum(delta)
+        self.v += np.bincount(cells, weights=w, minlength=n_cells)
+        self.sq = float(out[-1])
+        return np.asarray(out, dtype=np.float64)
