@@ -1,7 +1,8 @@
 """One in-process fleet: a :class:`RoundEngine` and N real :class:`Agent` s over ``memory://``.
 
-The simulator, the tests and the benchmarks that need "the real protocol, no processes, no
-network" all use this one harness. It owns a fresh in-process broker, the aggregator's end
+Whatever needs "the real protocol, no processes, no network" uses this one harness: the
+simulator (:mod:`aggregator.sim.experiment`), the EF21 reset test, the end-to-end tests'
+reference run (the benchmarks measure the service and the codec, not such a fleet). It owns a fresh in-process broker, the aggregator's end
 of it (subscribed to every agent topic of the engine's job) and one transport per agent;
 it pumps messages synchronously, so a run is deterministic::
 
