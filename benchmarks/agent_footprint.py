@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,24 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
+from aggregator.localnet import free_port_pair
 from edge_agent import wire
 from edge_agent.data import make_rcv1_like, write_libsvm
 from edge_agent.transports import open_transport, topics
 
 JOB = "bench"
-
-
-def free_port_pair() -> int:
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        try:
-            with socket.socket() as s2:
-                s2.bind(("127.0.0.1", port + 1))
-            return port
-        except OSError:
-            continue
 
 
 def bare_numpy_rss_mb() -> float:

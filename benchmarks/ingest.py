@@ -39,7 +39,6 @@ import os
 import pstats
 import shutil
 import statistics
-import subprocess
 import tempfile
 import threading
 import time
@@ -52,8 +51,9 @@ from typing import Any
 import numpy as np
 from _common import emit, environment, parser
 
+from aggregator.localnet import HOST, MosquittoBroker, free_port_pair
+
 BENCH = "ingest"
-HOST = "127.0.0.1"
 JOB = "bench"
 D = 47_236
 T = 100
@@ -388,64 +388,12 @@ def _top(prof: cProfile.Profile, k: int = 15) -> list[str]:
 
 @contextmanager
 def mosquitto() -> Iterator[str]:
-    exe = shutil.which("mosquitto", path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin"]))
-    if exe is None:
-        raise FileNotFoundError("mosquitto not found (apt-get install mosquitto)")
-    work = Path(tempfile.mkdtemp(prefix="cat-edge-ingest-mqtt-"))
-    port = free_port()
-    import getpass
-
-    (work / "mosquitto.conf").write_text(
-        f"listener {port} {HOST}\nallow_anonymous true\npersistence false\n"
-        f"user {getpass.getuser()}\nmax_inflight_messages 20\nmax_queued_messages 0\n"
-        f"log_dest file {work / 'mosquitto.log'}\n"
-    )
-    proc = subprocess.Popen(
-        [exe, "-c", str(work / "mosquitto.conf")],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        _wait_port(port, 10)
-        yield f"mqtt://{HOST}:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def free_port(pair: bool = False) -> int:
-    import socket
-
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind((HOST, 0))
-            port = int(s.getsockname()[1])
-        if not pair:
-            return port
-        with socket.socket() as s2:
-            try:
-                s2.bind((HOST, port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port pair on 127.0.0.1")
-
-
-def _wait_port(port: int, timeout_s: float) -> None:
-    import socket
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex((HOST, port)) == 0:
-                return
-        time.sleep(0.05)
-    raise RuntimeError(f"mosquitto did not listen on {HOST}:{port} within {timeout_s:g} s")
+    """A private broker tuned as the benchmark has always run it: no persistence, no
+    TCP_NODELAY (Mosquitto's default), 20 in flight, no queue limit. MissingProgram (a
+    FileNotFoundError) when Mosquitto is not installed."""
+    options = {"set_tcp_nodelay": "false", "max_inflight_messages": 20, "max_queued_messages": 0}
+    with MosquittoBroker(persistence=False, options=options) as broker:
+        yield broker.url
 
 
 # --------------------------------------------------------------------------- main
@@ -511,7 +459,7 @@ def main() -> int:
     repeats = args.repeats or (1 if args.quick else 3)
     emit(BENCH, {"environment": environment()})
     if args.transport in ("zmq", "both"):
-        run_case("zmq", lambda: f"zmq+tcp://{HOST}:{free_port(pair=True)}", n, repeats, args)
+        run_case("zmq", lambda: f"zmq+tcp://{HOST}:{free_port_pair()}", n, repeats, args)
     if args.transport in ("mqtt", "both"):
         try:
             with mosquitto() as url:

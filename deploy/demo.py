@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,12 +27,19 @@ from typing import Any
 
 import numpy as np
 
+from aggregator.localnet import (
+    HOST,
+    MissingProgram,
+    MosquittoBroker,
+    ServiceProcess,
+    StartupError,
+    free_port_pair,
+)
 from aggregator.optimum import solve_optimum
 from edge_agent.data import make_rcv1_like, split_shards, write_libsvm
 from edge_agent.models import make_model
 
 ROOT = Path(__file__).resolve().parents[1]
-HOST = "127.0.0.1"
 FLEET = [
     "lorawan_eu868_dr5_sf7",
     "ble5_2m_dle_notify",
@@ -47,75 +52,9 @@ FLEET = [
 ]
 
 
-def free_port(pair: bool = False) -> int:
-    """A free TCP port on 127.0.0.1 (and port + 1 when ``pair``: ZeroMQ uses two)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind((HOST, 0))
-            port = int(s.getsockname()[1])
-        if not pair:
-            return port
-        try:
-            with socket.socket() as s2:
-                s2.bind((HOST, port + 1))
-            return port
-        except OSError:
-            continue
-    raise SystemExit("demo: no free port pair on 127.0.0.1")
-
-
 def get_json(url: str, timeout_s: float = 2.0) -> Any:
     with urllib.request.urlopen(url, timeout=timeout_s) as r:
         return json.loads(r.read())
-
-
-def wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(
-                f"demo: the aggregator exited ({proc.returncode}); its log:\n{tail(log)}"
-            )
-        try:
-            get_json(url, 1.0)
-            return
-        except (urllib.error.URLError, OSError, ValueError):
-            time.sleep(0.2)
-    raise SystemExit(
-        f"demo: the aggregator did not answer {url} within {timeout_s} s:\n{tail(log)}"
-    )
-
-
-def tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def start_mosquitto(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    exe = shutil.which("mosquitto") or shutil.which("mosquitto", path="/usr/sbin:/usr/local/sbin")
-    if exe is None:
-        raise SystemExit(
-            "demo: MQTT=1 needs Mosquitto (apt-get install mosquitto); run `make demo` for ZeroMQ"
-        )
-    port = free_port()
-    conf = workdir / "mosquitto.conf"
-    user = os.environ.get("USER") or __import__("getpass").getuser()
-    conf.write_text(
-        f"listener {port} {HOST}\nallow_anonymous true\nset_tcp_nodelay true\nuser {user}\nlog_dest file {workdir / 'mosquitto.log'}\n"
-    )
-    proc = subprocess.Popen(
-        [exe, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex((HOST, port)) == 0:
-                return proc, f"mqtt://{HOST}:{port}"
-        time.sleep(0.1)
-    proc.kill()
-    raise SystemExit(f"demo: mosquitto did not start:\n{tail(workdir / 'mosquitto.log')}")
 
 
 def si(value: float, unit: str) -> str:
@@ -264,8 +203,9 @@ def main() -> int:
         raise SystemExit(f"demo: --agents must be in 1..{len(FLEET)}")
 
     work = Path(tempfile.mkdtemp(prefix="cat-edge-demo-"))
-    procs: list[subprocess.Popen[bytes]] = []
-    broker: subprocess.Popen[bytes] | None = None
+    procs: list[subprocess.Popen[bytes]] = []  # the agents
+    broker: MosquittoBroker | None = None
+    service: ServiceProcess | None = None
     try:
         print(
             f"cat-edge demo: {args.agents} agents, d={args.features}, {args.rows} rows, run directory {work}"
@@ -286,12 +226,17 @@ def main() -> int:
         )
 
         if args.mqtt:
-            broker, server = start_mosquitto(work)
+            try:
+                broker = MosquittoBroker(work / "mosquitto", persistence=False)
+            except MissingProgram as exc:
+                raise SystemExit(
+                    f"demo: MQTT=1 needs Mosquitto ({exc}); run `make demo` for ZeroMQ"
+                ) from None
+            broker.start()
+            server = broker.url
         else:
-            server = f"zmq+tcp://{HOST}:{free_port(pair=True)}"
-        http_port = args.port or free_port()
-        env = {
-            **os.environ,
+            server = f"zmq+tcp://{HOST}:{free_port_pair()}"
+        settings = {
             "AGG_JOB": "demo",
             "AGG_D": str(args.features),
             "AGG_L2": str(args.l2),
@@ -305,30 +250,9 @@ def main() -> int:
             "AGG_MAX_ROUNDS": str(args.max_rounds),
             "AGG_CHECKPOINT_EVERY": "20",
         }
-        agg_log = work / "aggregator.log"
-        with agg_log.open("wb") as log:
-            procs.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "uvicorn",
-                        "aggregator.app:app",
-                        "--host",
-                        HOST,
-                        "--port",
-                        str(http_port),
-                        "--log-level",
-                        "warning",
-                    ],
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    cwd=work,
-                )
-            )
-        base = f"http://{HOST}:{http_port}"
-        wait_http(base + "/healthz", 30, procs[0], agg_log)
+        service = ServiceProcess(work, settings, port=args.port or None)
+        service.start(timeout_s=30)
+        base = service.base_url
         print(f"aggregator up: {server} | dashboard {base}/  | status {base}/status")
         for i in range(args.agents):
             profile = FLEET[i]
@@ -375,8 +299,8 @@ def main() -> int:
             try:
                 status = get_json(base + "/status")
             except (urllib.error.URLError, OSError, ValueError):
-                if procs[0].poll() is not None:
-                    raise SystemExit(f"demo: the aggregator died:\n{tail(agg_log)}") from None
+                if not service.alive():
+                    raise SystemExit(f"demo: the aggregator died:\n{service.log_tail()}") from None
                 time.sleep(0.5)
                 continue
             loss = status.get("loss")
@@ -391,7 +315,7 @@ def main() -> int:
             sys.stdout.flush()
             if status["state"] == "finished":
                 break
-            dead = [p for p in procs[1:] if p.poll() not in (None, 0)]
+            dead = [p for p in procs if p.poll() not in (None, 0)]
             if dead:
                 raise SystemExit(f"\ndemo: an agent failed; see {work}/agent-*.log")
             time.sleep(0.5)
@@ -406,13 +330,17 @@ def main() -> int:
         dense_rounds = dense_gd_rounds(model, full, target_loss, args.max_rounds)
         print(summary_table(agents, status, dense_rounds))
         return 0 if reached else 1
+    except StartupError as exc:
+        raise SystemExit(f"demo: {exc}") from None
     except KeyboardInterrupt:
         print("\ndemo: interrupted; stopping everything")
         return 130
     finally:
         stop_all(list(reversed(procs)))
+        if service is not None:
+            service.close()
         if broker is not None:
-            stop_all([broker])
+            broker.close()
         if args.keep:
             print(f"kept {work}")
         else:

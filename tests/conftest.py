@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import MOSQUITTO, MosquittoBroker
 
+from aggregator.localnet import MissingProgram, MosquittoBroker
 from edge_agent.transports import drop_broker
 
 
@@ -16,9 +16,10 @@ from edge_agent.transports import drop_broker
 def mosquitto(tmp_path: Path) -> Iterator[MosquittoBroker]:
     """A running Mosquitto on a free 127.0.0.1 port; ``.url``, ``.port``, ``.stop()``,
     ``.start()`` (restarts on the same port, persistent sessions kept)."""
-    if MOSQUITTO is None:
-        pytest.skip("mosquitto binary not found; install it (apt-get install mosquitto)")
-    broker = MosquittoBroker(tmp_path / "mosquitto")
+    try:
+        broker = MosquittoBroker(tmp_path / "mosquitto", options={"log_type": "all"})
+    except MissingProgram as exc:
+        pytest.skip(str(exc))
     broker.start()
     try:
         yield broker

@@ -31,9 +31,9 @@ import numpy as np
 import pytest
 import uvicorn
 from fastapi.testclient import TestClient
-from helpers import HOST, free_port
 
 from aggregator.app import STATIC_DIR, create_app
+from aggregator.localnet import HOST, free_port
 from aggregator.settings import Settings
 from edge_agent.agent import Agent, AgentConfig
 from edge_agent.data import make_rcv1_like, split_shards, write_npz

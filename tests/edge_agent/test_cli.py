@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import free_port
 
+from aggregator.localnet import free_port
 from edge_agent.cli import main
 from edge_agent.data import load_dataset
 from edge_agent.profiles import list_profiles, load_profile

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import MosquittoBroker, free_port_pair
 
+from aggregator.localnet import MosquittoBroker, free_port_pair
 from edge_agent import messages, wire
 from edge_agent.data import make_rcv1_like, write_libsvm
 from edge_agent.transports import Transport, open_transport, topics

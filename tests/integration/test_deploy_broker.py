@@ -17,7 +17,6 @@ test uses its own job id.
 from __future__ import annotations
 
 import contextlib
-import getpass
 import os
 import shutil
 import subprocess
@@ -30,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import HOST, MOSQUITTO, MOSQUITTO_PASSWD, free_port, wait_for_port
 
+from aggregator.localnet import HOST, MissingProgram, MosquittoBroker, find_program, tail
 from edge_agent import wire
 from edge_agent.errors import TransportError
 from edge_agent.transports import Message, Transport, open_transport, topics
@@ -46,12 +45,10 @@ ADD_AGENT = DEPLOY / "mosquitto" / "add-agent.sh"
 MAKE_TEST_CA = DEPLOY / "tls" / "make-test-ca.sh"
 OPENSSL = shutil.which("openssl")
 
-#: Shipped listener lines and what the test binds instead (port placeholders filled in).
+#: Shipped listener lines (the test moves each to a free port on 127.0.0.1).
 TLS_LISTENER = "listener 8883"
 LOOPBACK_LISTENER = "listener 1883 127.0.0.1"
-#: Options whose value is a path on the broker host; each must appear exactly once.
-PATH_OPTIONS = ("password_file", "acl_file", "cafile", "certfile", "keyfile",
-                "persistence_location")  # fmt: skip
+TLS_PORT, LOOPBACK_PORT = 8883, 1883
 
 AGENTS = ("pi-01", "pi-02")
 CONNECT_TIMEOUT_S = 5.0
@@ -69,41 +66,7 @@ class DeployedBroker:
     log_path: Path
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no mosquitto log)"
-
-
-def render_config(text: str, *, tls_port: int, plain_port: int, paths: dict[str, Path]) -> str:
-    """The shipped config with listener ports and paths replaced; everything else verbatim.
-
-    Fails if the shipped file no longer has exactly the lines this rewrite expects, so the
-    test can never silently run a config other than the shipped one.
-    """
-    seen: dict[str, int] = {}
-    out: list[str] = []
-    for line in text.splitlines():
-        stripped = line.strip()
-        key = stripped.split(" ", 1)[0] if stripped and not stripped.startswith("#") else ""
-        if stripped == TLS_LISTENER:
-            line = f"listener {tls_port} {HOST}"
-        elif stripped == LOOPBACK_LISTENER:
-            line = f"listener {plain_port} {HOST}"
-        elif key == "listener":
-            raise AssertionError(f"{SHIPPED_CONF}: unexpected listener line {stripped!r}")
-        elif key in paths:
-            line = f"{key} {paths[key]}"
-        elif key == "user":
-            raise AssertionError(f"{SHIPPED_CONF}: unexpected 'user' line; the test sets it")
-        name = stripped if key == "listener" else key
-        seen[name] = seen.get(name, 0) + 1
-        out.append(line)
-    for name in (TLS_LISTENER, LOOPBACK_LISTENER, *paths):
-        assert seen.get(name) == 1, f"{SHIPPED_CONF}: expected exactly one {name!r} line"
-    # As root, Mosquitto would switch to the "mosquitto" user, who cannot read tmp_path.
-    out.append(f"user {getpass.getuser()}")
-    return "\n".join(out) + "\n"
+        return tail(self.log_path, lines)
 
 
 def _run(cmd: list[str], *, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -117,11 +80,13 @@ def _check(cmd: list[str], *, stdin: str | None = None) -> None:
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DeployedBroker]:
-    missing = [n for n, p in (("mosquitto", MOSQUITTO), ("mosquitto_passwd", MOSQUITTO_PASSWD),
-                              ("openssl", OPENSSL)) if p is None]  # fmt: skip
-    if missing:
-        pytest.skip(f"{', '.join(missing)} not found; install mosquitto and openssl")
-    assert MOSQUITTO is not None and MOSQUITTO_PASSWD is not None
+    try:
+        mosquitto_passwd = find_program("mosquitto_passwd")
+        find_program("mosquitto")
+    except MissingProgram as exc:
+        pytest.skip(f"{exc}; the test needs mosquitto and openssl")
+    if OPENSSL is None:
+        pytest.skip("openssl not found; install mosquitto and openssl")
     base = tmp_path_factory.mktemp("deploy-broker")
     tls_dir, secrets = base / "tls", base / "secrets"
     secrets.mkdir()
@@ -133,17 +98,15 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DeployedBroker]
     _check(["bash", str(ADD_AGENT), "-f", str(passwd), "-o", str(secrets / "pi-01"), "pi-01"])
     # pi-02 the plain way, as docs/operating.md shows for a hand-picked password.
     (secrets / "pi-02").write_text("pi-02-test-password\n", encoding="utf-8")
-    _check([MOSQUITTO_PASSWD, str(passwd), "pi-02"], stdin="pi-02-test-password\n" * 2)
+    _check([mosquitto_passwd, str(passwd), "pi-02"], stdin="pi-02-test-password\n" * 2)
 
     persistence = base / "persistence"
     persistence.mkdir()
-    tls_port, plain_port = free_port(), free_port()
-    while plain_port == tls_port:
-        plain_port = free_port()
-    config = render_config(
-        SHIPPED_CONF.read_text(encoding="utf-8"),
-        tls_port=tls_port,
-        plain_port=plain_port,
+    # The shipped config with only the listener ports (free ones on 127.0.0.1) and the
+    # paths rewritten; the shared renderer fails unless each path option is there once.
+    server = MosquittoBroker(
+        base,
+        config_file=SHIPPED_CONF,
         paths={
             "password_file": passwd,
             "acl_file": SHIPPED_ACL,  # the shipped file itself, never a copy
@@ -153,27 +116,11 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DeployedBroker]
             "persistence_location": Path(f"{persistence}/"),
         },
     )
-    conf = base / "mosquitto.conf"
-    conf.write_text(config, encoding="utf-8")
-    log_path = base / "mosquitto.log"
-    deployed = DeployedBroker(tls_port, plain_port, tls_dir, secrets, log_path)
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen([MOSQUITTO, "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT)
-    try:
-        for port in (tls_port, plain_port):
-            if not wait_for_port(HOST, port, 10.0):
-                raise RuntimeError(
-                    f"mosquitto with the shipped config did not listen on {HOST}:{port}:\n"
-                    f"{deployed.log_tail()}"
-                )
-        yield deployed
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+    assert list(server.ports) == [TLS_PORT, LOOPBACK_PORT], f"{SHIPPED_CONF}: {server.ports}"
+    with server:
+        yield DeployedBroker(
+            server.ports[TLS_PORT], server.ports[LOOPBACK_PORT], tls_dir, secrets, server.log_path
+        )
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import MOSQUITTO, MOSQUITTO_PASSWD, MosquittoBroker, free_port
 
+from aggregator.localnet import MissingProgram, MosquittoBroker, find_program, free_port
 from edge_agent.errors import TransportError
 from edge_agent.transports import Message, Transport, open_transport, topics
 
@@ -178,14 +178,17 @@ def test_wrong_port_fails_fast_naming_the_url() -> None:
 
 @pytest.fixture
 def auth_broker(tmp_path: Path) -> MosquittoBroker:
-    if MOSQUITTO is None or MOSQUITTO_PASSWD is None:
-        pytest.skip("mosquitto_passwd not found; install mosquitto to test authentication")
     workdir = tmp_path / "auth"
     workdir.mkdir()
     passwd = workdir / "passwd"
-    subprocess.run([MOSQUITTO_PASSWD, "-b", "-c", str(passwd), "edge", "s3cret"], check=True)
+    try:
+        mosquitto_passwd = find_program("mosquitto_passwd")
+        broker = MosquittoBroker(workdir, password_file=passwd, options={"log_type": "all"})
+    except MissingProgram as exc:
+        pytest.skip(f"{exc} (to test authentication)")
+    subprocess.run([mosquitto_passwd, "-b", "-c", str(passwd), "edge", "s3cret"], check=True)
     passwd.chmod(0o600)
-    return MosquittoBroker(workdir, allow_anonymous=False, extra_config=f"password_file {passwd}")
+    return broker
 
 
 def test_username_and_password_file_authenticate(

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 import zmq
-from helpers import free_port_pair
 
+from aggregator.localnet import free_port_pair
 from edge_agent.errors import TransportError
 from edge_agent.transports import Message, Transport, open_transport, topics
 from edge_agent.transports.zmq import ZmqTransport, generate_curve_keypair
