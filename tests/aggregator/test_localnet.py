@@ -7,6 +7,8 @@ everywhere; the ones that start a real Mosquitto or a real uvicorn are marked in
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import urllib.request
 from pathlib import Path
@@ -129,6 +131,17 @@ def test_service_env_drops_the_developers_agg_settings(monkeypatch: pytest.Monke
     env = service_env({"AGG_JOB": "j"})
     assert "AGG_MAX_ROUNDS" not in env and env["AGG_JOB"] == "j"
     assert env["CAT_EDGE_UNRELATED"] == "kept" and env["PYTHONUNBUFFERED"] == "1"
+
+
+def test_the_service_never_imports_the_helper() -> None:
+    code = (
+        "import sys, aggregator.app, aggregator.cli, aggregator.service\n"
+        "print('aggregator.localnet' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.strip() == "False"
 
 
 # --------------------------------------------------------------------------- real servers
