@@ -278,6 +278,7 @@ def pixels_near(
     return found
 
 
+@pytest.mark.integration  # uvicorn on a real port and headless Chromium
 def test_screenshot_shows_the_loss_curve_and_no_error(live_job: LiveJob, tmp_path: Path) -> None:
     shot = tmp_path / "dashboard.png"
     chromium(live_job.url, tmp_path / "profile", f"--screenshot={shot}")
@@ -331,6 +332,7 @@ class _Dom(HTMLParser):
             self.row_headers[-1] += data.strip()
 
 
+@pytest.mark.integration  # uvicorn on a real port and headless Chromium
 def test_dom_lists_the_agents_and_hides_the_banner(live_job: LiveJob, tmp_path: Path) -> None:
     html = chromium(live_job.url, tmp_path / "profile", "--dump-dom").stdout.decode()
     dom = _Dom()

@@ -99,6 +99,7 @@ def test_data_split_of_a_real_libsvm_file(tmp_path: Path) -> None:
     assert sum(rows) == 569
 
 
+@pytest.mark.integration  # real ZeroMQ sockets on 127.0.0.1
 def test_calibrate_measures_a_loopback_link_and_writes_a_valid_profile(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -148,6 +149,7 @@ def test_calibrate_measures_a_loopback_link_and_writes_a_valid_profile(
     assert "affine fit" in capsys.readouterr().out
 
 
+@pytest.mark.integration  # real ZeroMQ sockets on 127.0.0.1
 def test_calibrate_without_a_peer_fails_with_a_hint(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
