@@ -156,6 +156,60 @@ def summary_table(
     return "\n".join(rows)
 
 
+def follow(
+    base: str,
+    service: ServiceProcess,
+    procs: list[subprocess.Popen[bytes]],
+    work: Path,
+    args: argparse.Namespace,
+    *,
+    f0: float,
+    f_star: float,
+) -> dict[str, Any]:
+    """Show a progress bar until the job finishes or ``args.timeout_s`` seconds pass; the
+    last /status. SystemExit if the aggregator or an agent dies."""
+    start = time.monotonic()
+    status: dict[str, Any] = {}
+    span = np.log10(1.0 / args.target)
+    while time.monotonic() - start < args.timeout_s:
+        try:
+            status = get_json(base + "/status")
+        except (urllib.error.URLError, OSError, ValueError):
+            if not service.alive():
+                raise SystemExit(f"demo: the aggregator died:\n{service.log_tail()}") from None
+            time.sleep(0.5)
+            continue
+        loss = status.get("loss")
+        rel = (loss - f_star) / (f0 - f_star) if loss is not None else 1.0
+        frac = np.log10(1.0 / max(rel, 1e-300)) / span if rel > 0 else 1.0
+        tot = status["totals"]
+        line = (
+            f"\r{bar(frac)} round {status['round']:>5}  loss {loss if loss is not None else float('nan'):.5f}  "
+            f"rel {rel:.3g}  sent {si(tot['bytes'], 'B')}, {si(tot['airtime_s'], 's')} airtime, {si(tot['energy_j'], 'J')}   "
+        )
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        if status["state"] == "finished":
+            break
+        dead = [p for p in procs if p.poll() not in (None, 0)]
+        if dead:
+            raise SystemExit(f"\ndemo: an agent failed; see {work}/agent-*.log")
+        time.sleep(0.5)
+    return status
+
+
+def start_broker(work: Path) -> MosquittoBroker:
+    """A private Mosquitto for --mqtt; SystemExit naming the fix when it is not installed."""
+    try:
+        broker = MosquittoBroker(work / "mosquitto", persistence=False)
+    except MissingProgram as exc:
+        raise SystemExit(
+            f"demo: MQTT=1 needs Mosquitto ({exc}); run `make demo` for ZeroMQ"
+        ) from None
+    broker.start()
+    return broker
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -226,13 +280,7 @@ def main() -> int:
         )
 
         if args.mqtt:
-            try:
-                broker = MosquittoBroker(work / "mosquitto", persistence=False)
-            except MissingProgram as exc:
-                raise SystemExit(
-                    f"demo: MQTT=1 needs Mosquitto ({exc}); run `make demo` for ZeroMQ"
-                ) from None
-            broker.start()
+            broker = start_broker(work)
             server = broker.url
         else:
             server = f"zmq+tcp://{HOST}:{free_port_pair()}"
@@ -293,32 +341,7 @@ def main() -> int:
         )
 
         start = time.monotonic()
-        status: dict[str, Any] = {}
-        span = np.log10(1.0 / args.target)
-        while time.monotonic() - start < args.timeout_s:
-            try:
-                status = get_json(base + "/status")
-            except (urllib.error.URLError, OSError, ValueError):
-                if not service.alive():
-                    raise SystemExit(f"demo: the aggregator died:\n{service.log_tail()}") from None
-                time.sleep(0.5)
-                continue
-            loss = status.get("loss")
-            rel = (loss - f_star) / (f0 - f_star) if loss is not None else 1.0
-            frac = np.log10(1.0 / max(rel, 1e-300)) / span if rel > 0 else 1.0
-            tot = status["totals"]
-            line = (
-                f"\r{bar(frac)} round {status['round']:>5}  loss {loss if loss is not None else float('nan'):.5f}  "
-                f"rel {rel:.3g}  sent {si(tot['bytes'], 'B')}, {si(tot['airtime_s'], 's')} airtime, {si(tot['energy_j'], 'J')}   "
-            )
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            if status["state"] == "finished":
-                break
-            dead = [p for p in procs if p.poll() not in (None, 0)]
-            if dead:
-                raise SystemExit(f"\ndemo: an agent failed; see {work}/agent-*.log")
-            time.sleep(0.5)
+        status = follow(base, service, procs, work, args, f0=f0, f_star=f_star)
         print()
         agents = get_json(base + "/agents")
         reached = status.get("state") == "finished" and "target" in status.get("finish_reason", "")
