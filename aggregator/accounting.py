@@ -11,11 +11,15 @@ see :meth:`edge_agent.profiles.CostProfile.message_cost`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
+import numpy as np
+import numpy.typing as npt
+
 from edge_agent import wire
+from edge_agent.cost import Cost
 from edge_agent.profiles import CostProfile
 
 log = logging.getLogger("aggregator.accounting")
@@ -194,6 +198,7 @@ class Pricer:
         self._dense_cache: dict[tuple[str, int, int], int] = {}
         #: priced Spend per (profile, size, dense size): shared, never mutated
         self._spend_cache: dict[tuple[str | None, int, int], Spend] = {}
+        self._down_cache: dict[tuple[str, int], Cost] = {}
         self._logged: set[str] = set()
 
     def price(self, profile_name: str, header: wire.UpdateHeader, size: int) -> Spend:
@@ -252,6 +257,30 @@ class Pricer:
                     log.warning("cannot resolve cost profile %r: %s", name, exc)
                 self._profile_cache[name] = None
         return self._profile_cache[name]
+
+    def down_cost(self, profile_name: str, size: int) -> Cost:
+        """What receiving one message of ``size`` bytes costs an agent with this profile
+        (its downlink part; bytes only when the profile is unknown here)."""
+        profile = self.profile(profile_name)
+        key = ("\0down:" + (profile.name if profile else ""), size)
+        hit = self._down_cache.get(key)
+        if hit is None:
+            if len(self._down_cache) > _CACHE_MAX:
+                self._down_cache.clear()
+            hit = Cost(1, size) if profile is None else profile.downlink_cost(size).cost
+            self._down_cache[key] = hit
+        return hit
+
+    def down_prices(
+        self, profile_names: Iterable[str]
+    ) -> list[Callable[[npt.NDArray[np.int64]], npt.NDArray[np.float64]]]:
+        """Each known profile's receiving cost function (objective unit, vectorised)."""
+        out: list[Callable[[npt.NDArray[np.int64]], npt.NDArray[np.float64]]] = []
+        for name in dict.fromkeys(profile_names):
+            profile = self.profile(name)
+            if profile is not None:
+                out.append(profile.downlink_objective_cost)
+        return out
 
     def _cost(self, profile: CostProfile, size: int) -> tuple[float, int, float, float]:
         key = (profile.name, size)

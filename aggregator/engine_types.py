@@ -16,6 +16,7 @@ import numpy.typing as npt
 from aggregator.accounting import RoundRecord, Spend
 from aggregator.outbound import Outbound
 from edge_agent import messages, topics
+from edge_agent.cost import ZERO, Cost
 
 FloatArray = npt.NDArray[np.float64]
 Mode = Literal["sync", "async"]
@@ -59,6 +60,11 @@ class EngineConfig:
     #: practical default (at 1/L the paper preset diverged on one profile); see
     #: docs/algorithm.md.
     ef21_step_factor: float = 0.5
+    #: how agents follow the model: ``exact`` replicated steps, ``delta`` (float64 new
+    #: values), ``cat`` a compressed broadcast with error feedback (aggregator.broadcast)
+    downlink: Literal["exact", "delta", "cat"] = "exact"
+    #: versions of steps kept to catch up an agent that missed some
+    downlink_window: int = 64
 
     def __post_init__(self) -> None:
         topics.validate_id(self.job, "job id")
@@ -76,6 +82,8 @@ class EngineConfig:
             (self.liveness_timeout_s > 0, "liveness_timeout_s must be > 0"),
             (self.snapshot_every >= 0, "snapshot_every must be >= 0"),
             (0 < self.ef21_step_factor <= 1, "ef21_step_factor must be in (0, 1]"),
+            (self.downlink in ("exact", "delta", "cat"), "downlink must be exact, delta or cat"),
+            (self.downlink_window >= 1, "downlink_window must be >= 1"),
             (
                 self.dedupe_window >= max(1, self.max_staleness),
                 "dedupe_window must be >= max_staleness",
@@ -120,6 +128,8 @@ class AgentInfo:
     last_round: int | None = None
     last_t: int | None = None
     spend: Spend = field(default_factory=Spend)
+    #: everything broadcast to it while it was live, priced on its profile's downlink part
+    down: Cost = ZERO
     #: EF21: its state h_i was dropped; its updates are refused until a fresh hello
     needs_reset: bool = False
 
@@ -128,6 +138,7 @@ class AgentInfo:
         out = dict(vars(self))
         out["hello"] = self.hello.model_dump(mode="json")
         out["spend"] = self.spend.to_dict()
+        out["down"] = self.down.to_dict()
         return out
 
     def copy(self) -> AgentInfo:
@@ -139,6 +150,7 @@ class AgentInfo:
         fields = dict(data)
         fields["hello"] = messages.Hello.model_validate(data["hello"])
         fields["spend"] = Spend.from_dict(data["spend"])
+        fields["down"] = Cost.from_dict(data.get("down"))
         return cls(**fields)
 
 

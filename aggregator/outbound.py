@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from edge_agent import messages, topics, wire
+from edge_agent import downlink, messages, topics, wire
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -44,10 +44,50 @@ class DeltaParts:
         )
 
 
-class Outbound:
-    """A message to publish on every transport. A delta's bytes are encoded on first use."""
+@dataclass(frozen=True, slots=True)
+class StepsParts:
+    """A replicated-steps message (:mod:`edge_agent.downlink`) not yet encoded: the encoded
+    operations of the versions ``base_version`` -> ``version``, in the aggregator's order.
+    Consecutive ones merge by concatenating their operations."""
 
-    __slots__ = ("_payload", "delta", "retain", "topic")
+    job: str
+    d: int
+    base_version: int
+    version: int
+    family: downlink.Family
+    ops: tuple[bytes, ...]
+
+    def encode(self) -> bytes:
+        return downlink.encode_steps(
+            list(self.ops),
+            job=self.job,
+            d=self.d,
+            base_version=self.base_version,
+            version=self.version,
+            family=self.family,
+        )
+
+    @property
+    def size_bytes(self) -> int:
+        """``len(self.encode())`` without encoding (header plus operations)."""
+        head = len(
+            downlink.encode_steps(
+                [],
+                job=self.job,
+                d=self.d,
+                base_version=self.base_version,
+                version=self.version,
+                family=self.family,
+            )
+        )
+        return head + sum(map(len, self.ops))
+
+
+class Outbound:
+    """A message to publish on every transport. A delta's or steps' bytes are encoded on
+    first use."""
+
+    __slots__ = ("_payload", "delta", "retain", "steps", "topic")
 
     def __init__(
         self,
@@ -56,19 +96,22 @@ class Outbound:
         retain: bool = False,
         *,
         delta: DeltaParts | None = None,
+        steps: StepsParts | None = None,
     ) -> None:
-        if (payload is None) == (delta is None):
-            raise ValueError("an Outbound has either a payload or delta parts")
+        if (payload is not None) + (delta is not None) + (steps is not None) != 1:
+            raise ValueError("an Outbound has exactly one of a payload, delta or steps parts")
         self.topic = topic
         self.retain = retain
         self.delta = delta
+        self.steps = steps
         self._payload = payload
 
     @property
     def payload(self) -> bytes:
         if self._payload is None:
-            assert self.delta is not None
-            self._payload = self.delta.encode()
+            parts = self.delta if self.delta is not None else self.steps
+            assert parts is not None
+            self._payload = parts.encode()
         return self._payload
 
     def __eq__(self, other: object) -> bool:
@@ -79,7 +122,8 @@ class Outbound:
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        what = f"delta {self.delta.base_version}->{self.delta.version}" if self.delta else ""
+        parts = self.delta if self.delta is not None else self.steps
+        what = f"{type(parts).__name__} {parts.base_version}->{parts.version}" if parts else ""
         size = f"{len(self._payload)} bytes" if self._payload is not None else "not encoded"
         return f"Outbound({self.topic!r}, {what or size}, retain={self.retain})"
 
@@ -105,13 +149,23 @@ def merge_deltas(outbound: Iterable[Outbound]) -> list[Outbound]:
         run.clear()
 
     for o in outbound:
-        d = o.delta
+        d = o.delta if o.delta is not None else o.steps
         if d is None:
             flush()
             out.append(o)
             continue
-        prev = run[-1].delta if run else None
-        if prev is not None and (prev.version != d.base_version or o.topic != run[-1].topic):
+        last = run[-1] if run else None
+        prev = None if last is None else (last.delta if last.delta is not None else last.steps)
+        if prev is not None and (
+            type(prev) is not type(d)
+            or prev.version != d.base_version
+            or o.topic != run[-1].topic
+            or (
+                isinstance(d, StepsParts)
+                and isinstance(prev, StepsParts)
+                and prev.family != d.family
+            )
+        ):
             flush()
         run.append(o)
     flush()
@@ -119,7 +173,19 @@ def merge_deltas(outbound: Iterable[Outbound]) -> list[Outbound]:
 
 
 def _merged(run: list[Outbound]) -> Outbound:
-    """One delta for a chained run: each index keeps the value of the run's last delta."""
+    """One message for a chained run: steps concatenate their operations; for deltas each
+    index keeps the value of the run's last delta."""
+    if run[0].steps is not None:
+        chain = [o.steps for o in run if o.steps is not None]
+        joined = StepsParts(
+            chain[0].job,
+            chain[0].d,
+            chain[0].base_version,
+            chain[-1].version,
+            chain[0].family,
+            tuple(op for part in chain for op in part.ops),
+        )
+        return Outbound(run[0].topic, retain=run[0].retain, steps=joined)
     parts = [o.delta for o in run if o.delta is not None]
     first, last = parts[0], parts[-1]
     idx = np.concatenate([p.indices for p in parts])

@@ -11,50 +11,32 @@ each takes), :mod:`aggregator.outbound` (messages to publish) and
 :mod:`aggregator.engine_types` (config, effects, snapshots).
 
 An update is validated (it fits the job and its sender's hello), admitted (duplicate,
-stale, paused? does it enter this round's step?), then recorded. Steps (the maths is in
-docs/algorithm.md): ``gamma`` is the configured step size, else ``1/L`` with
-``L = sum n_i L_i / sum n_i`` over the hellos (rows ``n_i``, smoothness ``L_i``), times
-``ef21_step_factor`` in EF21 jobs. ``plain``/``ef`` updates u_i step
-``x <- x - gamma * mean_i(u_i)`` over the round's participants. An ``ef21`` change c_i is
-added to ``h_i`` and ``sum_h`` exactly once, whenever it arrives (it is state, not a
-gradient); the step is ``x <- x - gamma * sum_h / n`` (n agents that said hello), and a
-hello with ``fresh=True`` resets the agent's ``h_i`` and de-duplication keys. The first
-hello fixes the job's family, ``{plain, ef}`` or ``{ef21}`` (others: ``wrong_semantics``).
-
-``sync`` mode: the round for version ``v`` accepts updates tagged ``v``; it closes when
-every live agent has reported, or once ``round_deadline_s`` has passed since it opened and
-``max(quorum_min_agents, ceil(quorum_fraction * live))`` agents have reported. Round 0
-closes only after ``min_agents`` agents have said hello (its deadline starts then).
-``async`` mode: updates up to ``max_staleness`` versions old are accepted, weighted by
-``1 / (1 + staleness)``; every ``async_apply_every`` (K) accepted updates the model steps
-with ``x <- x - gamma * (1/K) * sum_j w_j u_j``. EF21 in async mode steps with
-``x <- x - gamma * min(1, K/n) * sum_h / n``: only K of the n states were refreshed since
-the last step, and without the ``K/n`` factor a step every K < n updates re-applies the
-stale states n/K times per refresh (it diverges at gamma = 1/L).
-
-Every new version yields a delta (changed indices and their *new* values, so an agent's
-copy stays bit-identical) and, every ``snapshot_every`` versions, a retained snapshot. The
-job stops at ``max_rounds`` or ``target_loss``. Bad messages are counted by reason
-(:data:`REJECT_REASONS`), logged once per reason and dropped: :meth:`RoundEngine.handle`
-never raises and validates fully before it changes anything.
+stale, paused? does it enter this round's step?), then recorded. The step rules (``gamma``,
+the mean and EF21 steps, sync and async modes, quorum and deadline) are in
+docs/algorithm.md; the path of one round through these modules in docs/architecture.md.
+Every new version is broadcast by :class:`aggregator.broadcast.Broadcast` (replicated
+steps, a delta, or a compressed model change) so agents hold the model the aggregator
+serves; the job stops at ``max_rounds`` or ``target_loss``. Bad messages are counted by
+reason (:data:`REJECT_REASONS`), logged once per reason and dropped:
+:meth:`RoundEngine.handle` never raises and validates fully before it changes anything.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Final, Literal, NamedTuple
 
 import numpy as np
 
-from aggregator import admission
+from aggregator import admission, engine_state
 from aggregator.accounting import Pricer, ProfileLookup, RoundCosts, RoundRecord, Spend
 from aggregator.admission import REJECT_REASONS, Decoded, Family, Reject, semantics_family
+from aggregator.broadcast import Broadcast
 from aggregator.dedupe import SeenKeys
 from aggregator.engine_types import (
-    STATE_FORMAT,
     AgentInfo,
     Effects,
     EngineConfig,
@@ -63,10 +45,11 @@ from aggregator.engine_types import (
     Evaluator,
     FloatArray,
 )
-from aggregator.outbound import DeltaParts, Outbound, control_message
-from edge_agent import messages, topics, wire
+from aggregator.outbound import Outbound, control_message
+from edge_agent import messages, wire
 from edge_agent.aggregation import EF21Mirror, MeanAccumulator, StepResult
 from edge_agent.compressors import Update
+from edge_agent.cost import ZERO
 
 __all__ = [
     "REJECT_REASONS",
@@ -128,6 +111,7 @@ class RoundEngine:
         self.rejected: dict[str, int] = dict.fromkeys(REJECT_REASONS, 0)
         self.rounds = 0
         self.totals = Spend()
+        self.totals_down = ZERO  # what the agents received, summed over agents
         self.last_record: RoundRecord | None = None
         self.loss: float | None = None
         self.accuracy: float | None = None
@@ -142,6 +126,7 @@ class RoundEngine:
         self._pricer = Pricer(profiles)
         self._logged: set[str] = set()
         self._topics = admission.TopicParser(config.job)
+        self._down = Broadcast(config.job, d, config.downlink, window=config.downlink_window)
         self._evaluate()
 
     # ------------------------------------------------------------------ public API
@@ -235,9 +220,30 @@ class RoundEngine:
         return control_message(self.config.job, ctl)
 
     def snapshot_message(self) -> Outbound:
-        """The current model as a retained snapshot on ``cat/<job>/model``."""
-        blob = wire.encode_snapshot(self.x, job=self.config.job, version=self.version)
-        return Outbound(topics.model(self.config.job), blob, retain=True)
+        """The model agents hold (and for EF21 jobs replicated exactly, the aggregate h
+        their steps need) as a retained state snapshot on ``cat/<job>/model``."""
+        return self._down.snapshot(self.x, self.version, self.sum_h, self.family)
+
+    def charge_downlink(self, outbound: Sequence[Outbound]) -> None:
+        """Account what agents receive: every message published goes to every live agent
+        (one topic namespace per job), priced on each one's downlink profile. The caller
+        passes exactly what it publishes (after merging)."""
+        for o in outbound:
+            size = len(o.payload)
+            for info in self.agents.values():
+                if info.live:
+                    cost = self._pricer.down_cost(info.hello.profile, size)
+                    info.down = info.down + cost
+                    self.totals_down = self.totals_down + cost
+
+    @property
+    def broadcast_model(self) -> FloatArray:
+        """The model the agents hold: ``x``, or the compressed downlink's ``w``."""
+        return self._down.model(self.x)
+
+    def _catch_up(self, have: int | None) -> Outbound:
+        """What an agent holding version ``have`` misses: merged steps, else a snapshot."""
+        return self._down.catch_up(have, self.version) or self.snapshot_message()
 
     @property
     def live_agents(self) -> int:
@@ -312,7 +318,7 @@ class RoundEngine:
             self.family = fam
         out: list[Outbound] = []
         if hello.version is not None and hello.version != self.version:
-            out.append(self.snapshot_message())
+            out.append(self._catch_up(hello.version))
         out.extend(self.state_controls())
         if info.needs_reset:
             out.append(self._reset_message(agent))
@@ -332,20 +338,20 @@ class RoundEngine:
         return Effects(journal=True)
 
     def _on_request(self, agent: str, blob: bytes, now: float) -> Effects:
-        admission.check_request(blob)
+        have = admission.check_request(blob).have
         info = self.agents.get(agent)
         if info is not None:
             info.last_seen = max(info.last_seen, now)
             info.live = True
             info.state = "online"
-        return Effects(outbound=(self.snapshot_message(), *self.state_controls()))
+        return Effects(outbound=(self._catch_up(have), *self.state_controls()))
 
     def _on_update(self, agent: str, blob: bytes, now: float, decoded: Decoded | None) -> Effects:
         header, update, info = self._validate_update(agent, blob, decoded)
         admitted = self._admit(agent, info, header)
         if isinstance(admitted, Effects):
             return admitted
-        self._record(agent, info, header, update, len(blob), now, admitted)
+        self._record(agent, info, header, update, blob, now, admitted)
         if self._opened_at is None and self.state != "waiting":
             self._opened_at = now
         closed = self._maybe_close(now)
@@ -399,7 +405,7 @@ class RoundEngine:
             # The round closed without this agent (deadline + quorum) and it may have missed
             # the delta: answer with the model, or it would re-send this update forever.
             eff = self._reject("stale", f"{agent}: round {header.round}", agent)
-            return Effects(outbound=(self.snapshot_message(),), reason=eff.reason)
+            return Effects(outbound=(self._catch_up(header.round),), reason=eff.reason)
         weight = 1.0 if cfg.mode == "sync" else 1.0 / (1.0 + staleness)
         return _Admission(contributes, weight)
 
@@ -412,7 +418,7 @@ class RoundEngine:
             # persisted but not yet published, and ZeroMQ dropped the start-up snapshot
             # before the agent re-subscribed). Without the model it would re-send forever.
             eff = self._reject("duplicate", detail, agent)
-            out = (self.snapshot_message(), *self.state_controls())
+            out = (self._catch_up(header.round), *self.state_controls())
             return Effects(outbound=out, reason=eff.reason)
         raise Reject("duplicate", detail)
 
@@ -436,11 +442,12 @@ class RoundEngine:
         info: AgentInfo,
         header: wire.UpdateHeader,
         update: Update,
-        size: int,
+        blob: bytes,
         now: float,
         admitted: _Admission,
     ) -> None:
         """Apply an admitted update: keys, agent and cost accounting, aggregation state."""
+        size = len(blob)
         spend = self._pricer.price(info.hello.profile, header, size)
         # nothing below can fail on a validated update
         self._seen.add(agent, self._agent_index[agent], header.round, header.seq)
@@ -457,11 +464,13 @@ class RoundEngine:
         ef21 = header.semantics == "ef21"
         if ef21:
             self._ef21.apply(agent, update)
+            self._down.add(blob, header.t, 1.0)
         if admitted.contributes:
             self._contrib[agent] = self._contrib.get(agent, 0) + 1
             self._count += 1
             if not ef21:
                 self._mean.add(update, admitted.weight)
+                self._down.add(blob, header.t, admitted.weight)
 
     # ------------------------------------------------------------------ internals
 
@@ -489,7 +498,10 @@ class RoundEngine:
         return control_message(self.config.job, ctl)
 
     def _reset_agent_state(self, agent: str) -> None:
+        h = self._ef21.h.get(agent)
         self._ef21.reset_agent(agent)
+        if h is not None:
+            self._down.drop_state(h, none_left=not self._ef21.h)
         self._seen.forget(agent, self._agent_index[agent])
 
     def state_controls(self) -> list[Outbound]:
@@ -521,20 +533,23 @@ class RoundEngine:
             return self._close(now, "deadline")
         return Effects()
 
-    def _step(self, gamma: float) -> StepResult:
-        """Step ``self.x`` in place with the open round's state (see the module doc)."""
+    def _step(self, gamma: float) -> tuple[StepResult, float]:
+        """Step ``self.x`` in place with the open round's state (see the module doc);
+        returns what the step did and its coefficient (replicas step with the same one)."""
         if self.family == "ef21":
             n = len(self.agents)
             # async: only `count` of the n states are fresh; a full step per K updates
             # would re-apply stale states n/K times per refresh of all agents
             scale = 1.0 if self.config.mode == "sync" else min(1.0, self._count / n)
-            return self._ef21.step(self.x, gamma * scale / n)
-        return self._mean.step(self.x, gamma / self._count)
+            coef = gamma * scale / n
+            return self._ef21.step(self.x, coef), coef
+        coef = gamma / self._count
+        return self._mean.step(self.x, coef), coef
 
     def _close(self, now: float, reason: str) -> Effects:
         cfg = self.config
         gamma = self.gamma()
-        step = self._step(gamma)
+        step, coef = self._step(gamma)
         if not step.finite:
             self._finish("diverged: the step produced nan or inf (step size too large?)")
             self._reset_round(now)
@@ -557,10 +572,17 @@ class RoundEngine:
             accuracy=self.accuracy,
         )
         self.last_record = record
-        changed = step.changed
-        delta = DeltaParts(cfg.job, cfg.d, base, self.version, changed, self.x[changed])
-        out = [Outbound(topics.delta(cfg.job), delta=delta)]
-        if cfg.snapshot_every and self.version % cfg.snapshot_every == 0:
+        sent = self._down.close(
+            x=self.x,
+            changed=step.changed,
+            base=base,
+            version=self.version,
+            family=self.family or "mean",
+            coef=coef,
+            prices=self._pricer.down_prices(a.hello.profile for a in self.agents.values()),
+        )
+        out = [sent or self.snapshot_message()]
+        if sent is not None and cfg.snapshot_every and self.version % cfg.snapshot_every == 0:
             out.append(self.snapshot_message())
         self._reset_round(now)
         self._prune_seen()
@@ -619,43 +641,7 @@ class RoundEngine:
 
     def export(self) -> EngineSnapshot:
         """A deep copy of the whole state (for a checkpoint)."""
-        self._prune_seen()
-        h_agents, h, sum_h = self._ef21.export()
-        meta = {
-            "format": STATE_FORMAT,
-            "job": self.config.job,
-            "d": self.config.d,
-            "model": self.config.model,
-            "version": self.version,
-            "state": self.state,
-            "resume_to": self._resume_to,
-            "finish_reason": self.finish_reason,
-            "family": self.family,
-            "agents": [info.to_dict() for info in self.agents.values()],
-            "accepted": self.accepted,
-            "rejected": dict(self.rejected),
-            "rounds": self.rounds,
-            "totals": self.totals.to_dict(),
-            "last_record": None if self.last_record is None else self.last_record.to_dict(),
-            "loss": self.loss,
-            "accuracy": self.accuracy,
-            "round": {
-                "contrib": dict(self._contrib),
-                "count": self._count,
-                **self._round_costs.export(),
-                "opened_at": self._opened_at,
-            },
-        }
-        json.dumps(meta)  # fail here, not in the writer, if something is not JSON-able
-        return EngineSnapshot(
-            x=self.x.copy(),
-            acc=self._mean.export(),
-            h_agents=h_agents,
-            h=h,
-            sum_h=sum_h,
-            seen=self._seen.rows(),
-            meta=meta,
-        )
+        return engine_state.export_engine(self)
 
     @classmethod
     def restore(
@@ -667,33 +653,7 @@ class RoundEngine:
         profiles: ProfileLookup | None = None,
     ) -> RoundEngine:
         """Rebuild an engine from :meth:`export`; raises ValueError if it does not fit ``config``."""
-        snap.check(config)
-        meta = snap.meta
         eng = cls(config, x0=snap.x, evaluator=None, profiles=profiles)
+        engine_state.restore_engine(eng, snap)
         eng._evaluator = evaluator
-        eng.version = int(meta["version"])
-        eng.state = meta["state"]
-        eng._resume_to = meta["resume_to"]
-        eng.finish_reason = meta["finish_reason"]
-        eng.family = meta["family"]
-        agent_list = [AgentInfo.from_dict(a) for a in meta["agents"]]
-        eng.agents = {a.agent: a for a in agent_list}
-        eng._agent_index = {a.agent: i for i, a in enumerate(agent_list)}
-        eng.accepted = int(meta["accepted"])
-        eng.rejected = {**dict.fromkeys(REJECT_REASONS, 0), **meta["rejected"]}
-        eng.rounds = int(meta["rounds"])
-        eng.totals = Spend.from_dict(meta["totals"])
-        rec = meta["last_record"]
-        eng.last_record = None if rec is None else RoundRecord.from_dict(rec)
-        eng.loss = meta["loss"]
-        eng.accuracy = meta["accuracy"]
-        rnd = meta["round"]
-        eng._mean = MeanAccumulator.restore(snap.acc)
-        eng._contrib = {str(k): int(v) for k, v in rnd["contrib"].items()}
-        eng._count = int(rnd["count"])
-        eng._round_costs = RoundCosts.restore(rnd)
-        eng._opened_at = rnd["opened_at"]
-        eng._ef21 = EF21Mirror.restore(config.d, snap.h_agents, snap.h, snap.sum_h)
-        eng._seen = SeenKeys.restore(snap.seen, [a.agent for a in agent_list])
-        eng._prune_seen()
         return eng

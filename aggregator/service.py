@@ -40,22 +40,15 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 
-from aggregator.rounds import (
-    Decoded,
-    Effects,
-    Evaluator,
-    FloatArray,
-    Outbound,
-    RoundEngine,
-    RoundRecord,
-    merge_deltas,
-)
+from aggregator.accounting import RoundRecord
+from aggregator.outbound import Outbound, merge_deltas
+from aggregator.rounds import Decoded, Effects, Evaluator, FloatArray, RoundEngine
 from aggregator.settings import Settings, SettingsError
 from aggregator.store import JournalEntry, Store, recover
-from edge_agent import wire
+from edge_agent import topics, wire_many
 from edge_agent.errors import CatEdgeError
 from edge_agent.profiles import CostProfile, resolve_profile
-from edge_agent.transports import Message, Transport, open_transport, topics
+from edge_agent.transports import Message, Transport, open_transport
 
 log = logging.getLogger("aggregator.service")
 
@@ -114,7 +107,7 @@ BATCH_DECODE_BUDGET_BYTES = 8 * 2**20
 
 
 def _decode_updates(batch: list[Message | _Command]) -> list[Decoded | None]:
-    """Decode the batch's small updates in one :func:`~edge_agent.wire.decode_many` call
+    """Decode the batch's small updates in one :func:`~edge_agent.wire_many.decode_many` call
     (it shares numpy calls between messages); None where the engine decodes itself, one at
     a time (not an update topic, not bytes, large, or beyond the batch's byte budget)."""
     out: list[Decoded | None] = [None] * len(batch)
@@ -130,7 +123,7 @@ def _decode_updates(batch: list[Message | _Command]) -> list[Decoded | None]:
             at.append(i)
             budget -= len(item.payload)
     if len(at) > 1:
-        results = wire.decode_many([batch[i].payload for i in at])  # type: ignore[union-attr]
+        results = wire_many.decode_many([batch[i].payload for i in at])  # type: ignore[union-attr]
         for i, result in zip(at, results, strict=True):
             out[i] = result
     return out
@@ -372,6 +365,9 @@ class AggregatorService:
                     log.exception("round observer failed")
 
     def _publish(self, outbound: list[Outbound]) -> None:
+        if outbound and self._engine is not None:
+            with self._lock:  # what the agents receive, priced on their downlink profiles
+                self._engine.charge_downlink(outbound)
         for out in outbound:
             for t in self._transports:
                 try:
@@ -399,6 +395,7 @@ class AggregatorService:
                 "accepted": e.accepted,
                 "rejected": dict(e.rejected),
                 "totals": e.totals.to_dict(),
+                "totals_down": e.totals_down.to_dict(),
                 "agents": len(e.agents),
                 "live_agents": e.live_agents,
                 "loss": e.loss,

@@ -39,8 +39,9 @@ from pydantic_settings import (
 )
 
 from aggregator.rounds import EngineConfig
+from edge_agent import topics
 from edge_agent.errors import CatEdgeError
-from edge_agent.transports import parse_url, topics
+from edge_agent.transports import parse_url
 
 ENV_PREFIX = "AGG_"
 CONFIG_FILE_ENV = "AGG_CONFIG_FILE"
@@ -94,6 +95,11 @@ class Settings(BaseSettings):
     tick_s: float = Field(0.1, gt=0, le=5.0, description="Deadline/liveness check period.")
     ef21_step_factor: float = Field(
         0.5, gt=0, le=1, description="EF21 jobs: step = factor / L unless step_size is set."
+    )
+    downlink: Literal["exact", "delta", "cat"] = Field(
+        "exact",
+        description="How agents follow the model: exact replicated steps, float64 deltas, "
+        "or cat: a compressed broadcast with error feedback (docs/algorithm.md).",
     )
     snapshot_every: int = Field(
         50,
@@ -203,6 +209,7 @@ class Settings(BaseSettings):
             dedupe_window=max(self.dedupe_window, self.max_staleness),
             snapshot_every=self.snapshot_every,
             ef21_step_factor=self.ef21_step_factor,
+            downlink=self.downlink,
         )
 
     def transport_options(self, url: str) -> dict[str, object]:

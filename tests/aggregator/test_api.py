@@ -14,9 +14,11 @@ from fastapi.testclient import TestClient
 from aggregator.app import create_app
 from aggregator.service import AggregatorService
 from aggregator.settings import Settings
-from edge_agent import messages, wire
+from edge_agent import messages, topics, wire
 from edge_agent.compressors import compress
-from edge_agent.transports import Transport, open_transport, topics
+from edge_agent.downlink import decode_downlink
+from edge_agent.replica import Replica
+from edge_agent.transports import Transport, open_transport
 
 JOB = "apijob"
 D = 32
@@ -139,12 +141,12 @@ def test_model_npy_equals_engine_model(running: tuple[TestClient, FakeAgents]) -
 
 def test_delta_broadcast_matches_served_model(running: tuple[TestClient, FakeAgents]) -> None:
     client, agents = running
-    delta = wire.decode_model(one_round(agents))
-    assert isinstance(delta, wire.Delta)
-    x = np.zeros(D)
-    delta.apply(x)
+    steps = decode_downlink(one_round(agents))
+    replica = Replica(D, "mean")
+    assert replica.apply(wire.Snapshot("x", 0, np.zeros(D))) is None
+    assert replica.apply(steps) is None
     served = np.load(io.BytesIO(client.get("/model").content))
-    assert x.tobytes() == served.tobytes()
+    assert replica.x is not None and replica.x.tobytes() == served.tobytes()
 
 
 def test_metrics_exposes_metric_names(running: tuple[TestClient, FakeAgents]) -> None:

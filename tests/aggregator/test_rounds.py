@@ -10,10 +10,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aggregator.rounds import EngineConfig, Outbound, RoundEngine
-from edge_agent import messages, wire
+from aggregator.outbound import Outbound
+from aggregator.rounds import EngineConfig, RoundEngine
+from edge_agent import messages, topics, wire
 from edge_agent.compressors import Update, compress
-from edge_agent.transports import topics
+from edge_agent.downlink import StateSnapshot, Steps, decode_downlink
+from edge_agent.replica import Replica
 
 JOB = "job1"
 D = 16
@@ -212,17 +214,20 @@ def test_stale_plain_update_is_rejected_in_sync_mode() -> None:
     assert eng.handle(*upd("a", topk_update(G_B, 3), round=0, seq=1), 2.0).reason == "stale"
 
 
-def test_delta_applied_to_old_model_reproduces_new_model_bit_for_bit() -> None:
-    eng = make_engine()
+@pytest.mark.parametrize("mode", ["exact", "delta"])
+def test_broadcast_applied_to_old_model_reproduces_new_model_bit_for_bit(mode: str) -> None:
+    eng = make_engine(downlink=mode)
     join(eng, "a", "b")
     old = eng.x.copy()
     eng.handle(*upd("a", topk_update(G_A, 5)), 1.0)
     eff = eng.handle(*upd("b", topk_update(G_B, 9)), 1.0)
-    delta = wire.decode_model(find(eff.outbound, topics.delta(JOB)).payload)
-    assert isinstance(delta, wire.Delta)
-    assert (delta.base_version, delta.version) == (0, 1)
-    delta.apply(old)
-    assert old.tobytes() == eng.x.tobytes()
+    msg = decode_downlink(find(eff.outbound, topics.delta(JOB)).payload)
+    assert isinstance(msg, wire.Delta if mode == "delta" else Steps)
+    assert (msg.base_version, msg.version) == (0, 1)
+    replica = Replica(D, "mean")
+    assert replica.apply(wire.Snapshot(JOB, 0, old)) is None
+    assert replica.apply(msg) is None
+    assert replica.x is not None and replica.x.tobytes() == eng.x.tobytes()
 
 
 def test_new_version_broadcasts_a_retained_snapshot() -> None:
@@ -230,9 +235,9 @@ def test_new_version_broadcasts_a_retained_snapshot() -> None:
     join(eng, "a")
     eff = eng.handle(*upd("a", topk_update(G_A, 5)), 1.0)
     snap_msg = find(eff.outbound, topics.model(JOB))
-    snap = wire.decode_model(snap_msg.payload)
+    snap = decode_downlink(snap_msg.payload)
     assert snap_msg.retain
-    assert isinstance(snap, wire.Snapshot) and snap.version == 1
+    assert isinstance(snap, StateSnapshot) and snap.version == 1
     assert snap.x.tobytes() == eng.x.tobytes()
 
 
@@ -566,9 +571,10 @@ def test_a_stale_update_is_answered_with_the_model() -> None:
     assert eng.version == 1
     eff = eng.handle(*upd("b", topk_update(G_A, 5)), 2.5)
     assert eff.reason == "stale"
-    (snap_msg,) = [o for o in eff.outbound if o.topic == topics.model(JOB)]
-    snap = wire.decode_model(snap_msg.payload)
-    assert isinstance(snap, wire.Snapshot) and snap.version == 1
+    # b holds version 0: it gets the steps 0 -> 1 it missed, not the model
+    (msg,) = eff.outbound
+    got = decode_downlink(msg.payload)
+    assert isinstance(got, Steps) and (got.base_version, got.version) == (0, 1)
 
 
 def test_batched_accumulation_equals_one_add_per_update_bit_for_bit() -> None:
@@ -589,11 +595,11 @@ def test_batched_accumulation_equals_one_add_per_update_bit_for_bit() -> None:
         u = topk_update(rng.standard_normal(D) * 3, int(rng.integers(3, 12)))
         blob = wire.encode(u, job=JOB, agent=agent, round=rnd, seq=k,
                            value_dtype=dtypes[k % 3])  # type: ignore[arg-type]  # fmt: skip
-        ref._touched = None  # one dense add per update
+        ref._mean._touched = None  # one dense add per update
         for eng in (batched, ref):
             assert eng.handle(topics.update(JOB, agent), blob, float(k)).reason is None
         assert batched.x.tobytes() == ref.x.tobytes()
-        most_pending = max(most_pending, len(batched._pending))
+        most_pending = max(most_pending, len(batched._mean._pending))
         if k % 7 == 6:  # a checkpoint mid-round sees the same accumulator (and flushes it)
             assert batched.export().acc.tobytes() == ref.export().acc.tobytes()
     assert batched.version == ref.version == 10
@@ -607,7 +613,7 @@ def test_sparse_step_equals_the_dense_step_bit_for_bit() -> None:
         join(eng, "a", "b")
     rng = np.random.default_rng(9)
     for r in range(5):
-        dense._touched = None  # forces x - c * acc over all of d
+        dense._mean._touched = None  # forces x - c * acc over all of d
         for agent in ("a", "b"):
             u = topk_update(rng.standard_normal(D), 7)
             for eng in (sparse, dense):
