@@ -291,3 +291,35 @@ class Pricer:
             mc = profile.message_cost(size)
             hit = self._price_cache[key] = (mc.bits, mc.packets, mc.airtime_s, mc.energy_j)
         return hit
+
+
+def dense_down_size(job: str, d: int, version: int) -> int:
+    """Bytes of the downlink baseline for one version: the dense float32 model change
+    (``4*d`` bytes of values plus a message header, framed like a dense update)."""
+    return int(
+        wire.encoded_size(
+            "dense", d=d, t=d, job=job, agent="r", round=version, seq=0, value_dtype="float32"
+        )
+    )
+
+
+@dataclass
+class DenseDownlink:
+    """What the downlink would have cost if every committed version were sent to every
+    live agent as a dense float32 model change (the baseline of the downlink savings).
+
+    Kept by the service (it charges :meth:`charge` once per committed version, under the
+    engine lock), not checkpointed: after a restart in the middle of a job it is unknown.
+    """
+
+    pricer: Pricer
+    per_agent: dict[str, Cost] = field(default_factory=dict)
+    total: Cost = field(default_factory=Cost)
+
+    def charge(self, job: str, d: int, version: int, agents: Iterable[tuple[str, str]]) -> None:
+        """One version sent to ``agents`` (pairs of agent id and profile name)."""
+        size = dense_down_size(job, d, version)
+        for agent, profile in agents:
+            cost = self.pricer.down_cost(profile, size)
+            self.per_agent[agent] = self.per_agent.get(agent, Cost()) + cost
+            self.total = self.total + cost

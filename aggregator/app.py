@@ -22,7 +22,9 @@ from fastapi.responses import FileResponse, HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
 from aggregator.deps import ControlAuth, MetricsDep, ServiceDep
+from aggregator.engine_types import AgentInfo
 from aggregator.metrics import CONTENT_TYPE, AggregatorMetrics
+from aggregator.rounds import RoundEngine
 from aggregator.schemas import (
     AgentOut,
     ControlOut,
@@ -33,6 +35,7 @@ from aggregator.schemas import (
 )
 from aggregator.service import AggregatorService
 from aggregator.settings import Settings, load_settings
+from edge_agent.cost import ZERO
 
 STATIC_DIR = Path(__file__).parent / "static"
 
@@ -54,17 +57,31 @@ _FALLBACK_INDEX = """<!doctype html>
 router = APIRouter()
 
 
+def _agent_out(service: AggregatorService, a: AgentInfo) -> AgentOut:
+    """One agent, with its dense downlink baseline when known (call inside ``read``)."""
+    dense = service.dense_down
+    return AgentOut.build(a, None if dense is None else dense.per_agent.get(a.agent, ZERO))
+
+
 @router.get("/status", tags=["job"], summary="Job state, model version, loss and cost totals")
 def get_status(service: ServiceDep) -> StatusOut:
     transports = service.transports()
-    return service.read(
-        lambda e: StatusOut.build(e, transports=transports, recovered_from=service.recovered_from)
-    )
+
+    def build(e: RoundEngine) -> StatusOut:
+        dense = service.dense_down  # read under the engine lock, like the engine
+        return StatusOut.build(
+            e,
+            transports=transports,
+            recovered_from=service.recovered_from,
+            dense_down=None if dense is None else dense.total,
+        )
+
+    return service.read(build)
 
 
 @router.get("/agents", tags=["agents"], summary="Every agent that has said hello")
 def list_agents(service: ServiceDep) -> list[AgentOut]:
-    return service.read(lambda e: [AgentOut.build(a) for a in e.agents.values()])
+    return service.read(lambda e: [_agent_out(service, a) for a in e.agents.values()])
 
 
 @router.get(
@@ -75,7 +92,7 @@ def list_agents(service: ServiceDep) -> list[AgentOut]:
 )
 def get_agent(agent_id: str, service: ServiceDep) -> AgentOut:
     found = service.read(
-        lambda e: AgentOut.build(e.agents[agent_id]) if agent_id in e.agents else None
+        lambda e: _agent_out(service, e.agents[agent_id]) if agent_id in e.agents else None
     )
     if found is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"unknown agent {agent_id!r}")

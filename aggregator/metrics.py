@@ -5,7 +5,10 @@ the checkpoint); the two histograms are observed as rounds commit. Names (see
 docs/http-api.md): ``cat_rounds_total``, ``cat_updates_accepted_total``,
 ``cat_updates_rejected_total{reason}``, ``cat_update_bytes_total``, ``cat_bits_total``,
 ``cat_packets_total``, ``cat_airtime_seconds_total``, ``cat_energy_joules_total``,
-``cat_dense_equivalent_bytes_total``, ``cat_model_version``, ``cat_agents``,
+``cat_dense_equivalent_bytes_total``, the downlink (what the agents received, priced on
+their profiles' downlink part) ``cat_downlink_messages_total``, ``cat_downlink_bytes_total``,
+``cat_downlink_packets_total``, ``cat_downlink_airtime_seconds_total``,
+``cat_downlink_energy_joules_total``, ``cat_model_version``, ``cat_agents``,
 ``cat_live_agents``, ``cat_loss``, ``cat_accuracy``, ``cat_up``,
 ``cat_round_latency_seconds`` (histogram), ``cat_update_entries`` (histogram of T).
 """
@@ -19,7 +22,8 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from aggregator.rounds import REJECT_REASONS, RoundRecord
+from aggregator.accounting import RoundRecord
+from aggregator.rounds import REJECT_REASONS
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _T_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 50_000, 100_000)
@@ -70,7 +74,7 @@ class _EngineCollector(Collector):
                 t["dense_bytes"],
             ),
         ]
-        for name, doc, value in counters:
+        for name, doc, value in counters + _downlink_counters(snap.get("totals_down") or {}):
             yield CounterMetricFamily(name, doc, value=float(value))
         rejected = CounterMetricFamily(
             "cat_updates_rejected", "Messages rejected, by reason.", labels=["reason"]
@@ -95,6 +99,18 @@ class _EngineCollector(Collector):
                 "Evaluation accuracy of the current model.",
                 value=float(snap["accuracy"]),
             )
+
+
+def _downlink_counters(down: dict[str, Any]) -> list[tuple[str, str, Any]]:
+    """What the agents received (every message published while they were live)."""
+    received = "received by the agents (their profiles' downlink part)"
+    return [
+        ("cat_downlink_messages", "Messages received by the agents.", down.get("messages", 0)),
+        ("cat_downlink_bytes", "Message bytes received by the agents.", down.get("bytes", 0)),
+        ("cat_downlink_packets", f"Link packets {received}.", down.get("packets", 0)),
+        ("cat_downlink_airtime_seconds", f"Radio airtime {received}.", down.get("airtime_s", 0)),
+        ("cat_downlink_energy_joules", f"Radio energy {received}.", down.get("energy_j", 0)),
+    ]
 
 
 class AggregatorMetrics:

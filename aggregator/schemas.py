@@ -2,6 +2,12 @@
 
 Units are in the field names: ``*_s`` seconds, ``*_j`` joules, ``bytes`` application bytes
 of encoded updates, ``bits``/``packets`` as priced by each agent's cost profile.
+
+Both directions: ``totals``/``dense_equivalent`` are the uplink (accepted updates, as
+before), ``downlink`` what the agents received (everything published while they were live,
+priced on each one's downlink profile), ``total`` their sum; the ``*_downlink``/``*_total``
+dense baselines send every committed version as a dense float32 model change to every live
+agent (None when unknown: the service resumed the job past version 0).
 """
 
 from __future__ import annotations
@@ -10,7 +16,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from aggregator.rounds import AgentInfo, RoundEngine, RoundRecord, Spend
+from aggregator.accounting import RoundRecord, Spend
+from aggregator.rounds import AgentInfo, RoundEngine
+from edge_agent.cost import Cost
 
 
 class _Out(BaseModel):
@@ -50,6 +58,50 @@ class CostTotals(_Out):
         )
 
 
+def uplink_cost(s: Spend) -> Cost:
+    """The uplink part of a :class:`Spend` (accepted updates) as a :class:`Cost`."""
+    return Cost(s.updates, s.bytes, s.bits, s.packets, s.airtime_s, s.energy_j)
+
+
+def dense_uplink_cost(s: Spend) -> Cost:
+    """The dense float32 twin of :func:`uplink_cost`."""
+    return Cost(
+        s.updates, s.dense_bytes, s.dense_bits, s.dense_packets, s.dense_airtime_s,
+        s.dense_energy_j,
+    )  # fmt: skip
+
+
+class LinkCost(_Out):
+    """What messages cost in one direction, or both (``messages`` count), priced per agent
+    profile (its uplink or its downlink part)."""
+
+    messages: int
+    bytes: int = Field(description="Application bytes of the messages.")
+    bits: float
+    packets: int
+    airtime_s: float
+    energy_j: float
+
+    @classmethod
+    def of(cls, c: Cost) -> LinkCost:
+        return cls(
+            messages=c.messages,
+            bytes=c.bytes,
+            bits=c.bits,
+            packets=c.packets,
+            airtime_s=c.airtime_s,
+            energy_j=c.energy_j,
+        )
+
+    @classmethod
+    def maybe(cls, c: Cost | None) -> LinkCost | None:
+        return None if c is None else cls.of(c)
+
+
+def _plus(a: Cost, b: Cost | None) -> Cost | None:
+    return None if b is None else a + b
+
+
 class TransportOut(_Out):
     url: str = Field(description="Transport URL (password redacted).")
     connected: bool
@@ -77,13 +129,30 @@ class StatusOut(_Out):
     dense_equivalent: CostTotals = Field(
         description="What dense float32 updates with the same headers would have cost."
     )
+    downlink: LinkCost = Field(
+        description="What the agents received (everything published to live agents)."
+    )
+    total: LinkCost = Field(description="Uplink (totals) + downlink.")
+    dense_equivalent_downlink: LinkCost | None = Field(
+        description="Every committed version as a dense float32 model change to every live "
+        "agent (None: unknown, the service resumed the job past version 0)."
+    )
+    dense_equivalent_total: LinkCost | None = Field(
+        description="dense_equivalent + dense_equivalent_downlink (None when unknown)."
+    )
     transports: list[TransportOut]
     recovered_from: str
 
     @classmethod
     def build(
-        cls, e: RoundEngine, *, transports: list[tuple[str, bool]], recovered_from: str
+        cls,
+        e: RoundEngine,
+        *,
+        transports: list[tuple[str, bool]],
+        recovered_from: str,
+        dense_down: Cost | None = None,
     ) -> StatusOut:
+        up, down = uplink_cost(e.totals), e.totals_down
         return cls(
             job=e.config.job,
             state=e.state,
@@ -102,6 +171,10 @@ class StatusOut(_Out):
             updates_rejected={k: v for k, v in e.rejected.items() if v},
             totals=CostTotals.actual(e.totals),
             dense_equivalent=CostTotals.dense(e.totals),
+            downlink=LinkCost.of(down),
+            total=LinkCost.of(up + down),
+            dense_equivalent_downlink=LinkCost.maybe(dense_down),
+            dense_equivalent_total=LinkCost.maybe(_plus(dense_uplink_cost(e.totals), dense_down)),
             transports=[TransportOut(url=u, connected=c) for u, c in transports],
             recovered_from=recovered_from,
         )
@@ -131,11 +204,18 @@ class AgentOut(_Out):
         description="EF21 only: its state was dropped (a change older than the "
         "de-duplication window arrived); its updates are refused until it rejoins fresh."
     )
-    totals: CostTotals
+    totals: CostTotals = Field(description="Its accepted updates (uplink).")
     dense_equivalent: CostTotals
+    downlink: LinkCost = Field(description="What it received while live (its downlink).")
+    total: LinkCost = Field(description="Uplink (totals) + downlink.")
+    dense_equivalent_downlink: LinkCost | None = Field(
+        description="Every version it was live for as a dense float32 model change "
+        "(None: unknown, the service resumed the job past version 0)."
+    )
+    dense_equivalent_total: LinkCost | None
 
     @classmethod
-    def build(cls, a: AgentInfo) -> AgentOut:
+    def build(cls, a: AgentInfo, dense_down: Cost | None = None) -> AgentOut:
         h = a.hello
         return cls(
             agent=a.agent,
@@ -158,6 +238,10 @@ class AgentOut(_Out):
             needs_reset=a.needs_reset,
             totals=CostTotals.actual(a.spend),
             dense_equivalent=CostTotals.dense(a.spend),
+            downlink=LinkCost.of(a.down),
+            total=LinkCost.of(uplink_cost(a.spend) + a.down),
+            dense_equivalent_downlink=LinkCost.maybe(dense_down),
+            dense_equivalent_total=LinkCost.maybe(_plus(dense_uplink_cost(a.spend), dense_down)),
         )
 
 

@@ -40,7 +40,7 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 
-from aggregator.accounting import RoundRecord
+from aggregator.accounting import DenseDownlink, Pricer, RoundRecord
 from aggregator.outbound import Outbound, merge_deltas
 from aggregator.rounds import Decoded, Effects, Evaluator, FloatArray, RoundEngine
 from aggregator.settings import Settings, SettingsError
@@ -165,6 +165,9 @@ class AggregatorService:
         self._stop_requested = False
         self._uncheckpointed = 0  # committed versions not yet in a checkpoint file
         self.recovered_from = ""
+        #: the dense float32 downlink baseline, charged per committed version (None:
+        #: unknown, the service resumed a job past version 0); read it under ``read``
+        self.dense_down: DenseDownlink | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -176,6 +179,8 @@ class AggregatorService:
         recovery = recover(self._store, cfg, evaluator=build_evaluator(s), profiles=_profile_lookup)
         self._engine = recovery.engine
         self.recovered_from = recovery.source
+        if self._engine.version == 0:
+            self.dense_down = DenseDownlink(Pricer(_profile_lookup))
         try:
             for url in s.transports:
                 t = open_transport(
@@ -342,6 +347,7 @@ class AggregatorService:
             outbound.extend(eff.outbound)
             if eff.committed is not None:
                 records.append(eff.committed)
+            self._charge_dense_down(eng, records)
             self._uncheckpointed += len(records)
             checkpoint = (
                 checkpoint or eff.changed or self._uncheckpointed >= self.settings.checkpoint_every
@@ -363,6 +369,14 @@ class AggregatorService:
                     self._observer(rec)
                 except Exception:
                     log.exception("round observer failed")
+
+    def _charge_dense_down(self, eng: RoundEngine, records: list[RoundRecord]) -> None:
+        """The downlink baseline: each committed version, dense, to every live agent."""
+        if self.dense_down is None:
+            return
+        for rec in records:
+            live = [(a.agent, a.hello.profile) for a in eng.agents.values() if a.live]
+            self.dense_down.charge(eng.config.job, eng.config.d, rec.version, live)
 
     def _publish(self, outbound: list[Outbound]) -> None:
         if outbound and self._engine is not None:

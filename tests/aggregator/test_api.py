@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from aggregator.accounting import dense_down_size
 from aggregator.app import create_app
 from aggregator.service import AggregatorService
 from aggregator.settings import Settings
@@ -106,6 +107,47 @@ def test_status_reports_round_and_totals(running: tuple[TestClient, FakeAgents])
     assert body["dense_equivalent"]["bytes"] > body["totals"]["bytes"]
 
 
+COST_KEYS = ("bytes", "bits", "packets", "airtime_s", "energy_j")
+
+
+def assert_sum(total: dict[str, Any], up: dict[str, Any], down: dict[str, Any]) -> None:
+    """total == up + down, field by field (the uplink counts messages as ``updates``)."""
+    assert total["messages"] == up["updates"] + down["messages"]
+    for k in COST_KEYS:
+        assert total[k] == pytest.approx(up[k] + down[k]), k
+
+
+def test_status_counts_both_directions(running: tuple[TestClient, FakeAgents]) -> None:
+    client, agents = running
+    delta = one_round(agents)
+    body = client.get("/status").json()
+    down = body["downlink"]
+    assert down["messages"] >= 2 and down["bytes"] >= 2 * len(delta)  # the delta, to a and b
+    assert down["packets"] >= 2 and down["bits"] > 0  # priced on paper_packet_model
+    assert_sum(body["total"], body["totals"], down)
+    # the baseline: version 1 as a dense float32 change to each of the two live agents
+    dense_down = body["dense_equivalent_downlink"]
+    assert dense_down["messages"] == 2
+    assert dense_down["bytes"] == 2 * dense_down_size(JOB, D, 1) > 2 * 4 * D
+    assert_sum(body["dense_equivalent_total"], body["dense_equivalent"], dense_down)
+
+
+def test_agents_count_both_directions(running: tuple[TestClient, FakeAgents]) -> None:
+    client, agents = running
+    one_round(agents)
+    listed = client.get("/agents").json()
+    status = client.get("/status").json()
+    for a in listed:
+        assert a["downlink"]["bytes"] > 0
+        assert_sum(a["total"], a["totals"], a["downlink"])
+        assert a["dense_equivalent_downlink"]["bytes"] == dense_down_size(JOB, D, 1)
+        assert_sum(
+            a["dense_equivalent_total"], a["dense_equivalent"], a["dense_equivalent_downlink"]
+        )
+    for k in ("messages", *COST_KEYS):  # both agents were live for everything published
+        assert sum(a["downlink"][k] for a in listed) == pytest.approx(status["downlink"][k])
+
+
 def test_agents_lists_every_agent(running: tuple[TestClient, FakeAgents]) -> None:
     client, agents = running
     one_round(agents)
@@ -162,12 +204,20 @@ def test_metrics_exposes_metric_names(running: tuple[TestClient, FakeAgents]) ->
         "cat_airtime_seconds_total",
         "cat_energy_joules_total",
         "cat_dense_equivalent_bytes_total",
+        "cat_downlink_messages_total",
+        "cat_downlink_bytes_total",
+        "cat_downlink_packets_total",
+        "cat_downlink_airtime_seconds_total",
+        "cat_downlink_energy_joules_total",
         "cat_round_latency_seconds_bucket",
         "cat_update_entries_bucket",
         "cat_model_version 1.0",
         "cat_up 1.0",
     ):
         assert name in text, name
+    down = client.get("/status").json()["downlink"]
+    assert f"cat_downlink_bytes_total {float(down['bytes'])}" in text
+    assert f"cat_downlink_messages_total {float(down['messages'])}" in text
 
 
 def test_metrics_registry_is_private_per_app(memory_url: str, tmp_path: Path) -> None:
@@ -232,3 +282,7 @@ def test_restart_keeps_model_and_history(
         assert body["model_version"] == 1  # from the checkpoint, or replayed from the journal
         assert body["recovered_from"] == "checkpoint.npz"
         assert [r["version"] for r in client.get("/history").json()["rounds"]] == [1]
+        # the downlink itself is checkpointed; its dense baseline is not, so it is unknown
+        assert body["downlink"]["bytes"] > 0
+        assert body["dense_equivalent_downlink"] is None
+        assert body["dense_equivalent_total"] is None
