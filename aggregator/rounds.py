@@ -27,7 +27,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Final, Literal, NamedTuple
+from typing import Any, Final, Literal, NamedTuple, Protocol
 
 import numpy as np
 
@@ -75,6 +75,11 @@ class _Admission(NamedTuple):
 
     contributes: bool
     weight: float
+
+
+class _Sized(Protocol):
+    @property
+    def payload(self) -> bytes: ...
 
 
 class RoundEngine:
@@ -224,7 +229,7 @@ class RoundEngine:
         their steps need) as a retained state snapshot on ``cat/<job>/model``."""
         return self._down.snapshot(self.x, self.version, self.sum_h, self.family)
 
-    def charge_downlink(self, outbound: Sequence[Outbound]) -> None:
+    def charge_downlink(self, outbound: Sequence[_Sized]) -> None:
         """Account what agents receive: every message published goes to every live agent
         (one topic namespace per job), priced on each one's downlink profile. The caller
         passes exactly what it publishes (after merging)."""

@@ -81,6 +81,8 @@ class CostLedger:
     bytes_on_air: int = 0
     bytes_on_air_down: int = 0
     silence_s: float = 0.0
+    #: the silence the senders of what it received owed afterwards (e.g. a LoRaWAN gateway)
+    sender_silence_s: float = 0.0
 
     def add(self, cost: MessageCost, *, update: bool) -> None:
         """Account one message sent."""
@@ -95,6 +97,7 @@ class CostLedger:
         """Account one message received."""
         self.down = self.down + cost.cost
         self.bytes_on_air_down += cost.bytes_on_air
+        self.sender_silence_s += cost.silence_s
 
     @property
     def traffic(self) -> Traffic:

@@ -89,6 +89,16 @@ def _fleet_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _downlink_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--downlink",
+        default="exact",
+        help="comma list of downlink modes to run every method under (AGG_DOWNLINK): exact "
+        "(replicated steps, bit-identical), delta (float64 new values), cat (compressed "
+        "broadcast with error feedback on the model, T chosen by CAT on the downlink profiles)",
+    )
+
+
 def _run_arguments(p: argparse.ArgumentParser) -> None:
     r = p.add_argument_group("stopping and evaluation")
     r.add_argument("--max-rounds", type=int, default=2000, help="rounds per method at most")
@@ -123,6 +133,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _problem_arguments(parser)
     _fleet_arguments(parser)
+    _downlink_arguments(parser)
     _run_arguments(parser)
 
 
@@ -177,6 +188,14 @@ def make_plan(args: argparse.Namespace) -> Plan:
     )
 
 
+def _downlinks(text: str) -> list[str]:
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in modes if m not in ("exact", "delta", "cat")]
+    if not modes or bad:
+        raise ValueError(f"--downlink: expected a comma list of exact, delta, cat; got {text!r}")
+    return modes
+
+
 def _targets(text: str) -> tuple[float, ...]:
     try:
         vals = tuple(sorted({float(t) for t in text.split(",") if t.strip()}, reverse=True))
@@ -192,6 +211,7 @@ def _prepare(
 ) -> tuple[tuple[float, ...], Problem, list[tuple[Fleet, Case]]]:
     """Validate the flags, build the problem (solves f*) and the fleets. ValueError etc."""
     targets = _targets(args.targets)
+    _downlinks(args.downlink)
     plan = make_plan(args)
     if any(c.max_rounds < 1 for c in plan.cases):
         raise ValueError(f"--max-rounds must be >= 1, got {args.max_rounds}")
@@ -229,7 +249,9 @@ def _run(args: argparse.Namespace) -> int:
         print(f"aggregator simulate: {exc}", file=sys.stderr)
         return 2
     bar = ProgressBar(
-        sys.stderr, sum(len(c.methods) for _, c in fleets), enabled=not args.no_progress
+        sys.stderr,
+        sum(len(c.methods) for _, c in fleets) * len(_downlinks(args.downlink)),
+        enabled=not args.no_progress,
     )
     print(
         f"# {problem.name}: {problem.data.n_rows} rows, d={problem.model.d}, "
@@ -240,20 +262,23 @@ def _run(args: argparse.Namespace) -> int:
     results: list[RunResult] = []
     for fleet, case in fleets:
         for method in case.methods:
-            bar.begin(f"{fleet.label}: {method.spec}", case.max_rounds, min(targets))
-            res = run_method(
-                problem,
-                fleet,
-                method,
-                targets=targets,
-                max_rounds=case.max_rounds,
-                step_size=args.step_size,
-                ef21_step_factor=args.ef21_step_factor,
-                eval_every=args.eval_every,
-                progress=bar.update,
-            )
-            bar.end(res)
-            results.append(res)
+            for downlink in _downlinks(args.downlink):
+                label = method.spec if downlink == "exact" else f"{method.spec} [{downlink}]"
+                bar.begin(f"{fleet.label}: {label}", case.max_rounds, min(targets))
+                res = run_method(
+                    problem,
+                    fleet,
+                    method,
+                    targets=targets,
+                    max_rounds=case.max_rounds,
+                    step_size=args.step_size,
+                    ef21_step_factor=args.ef21_step_factor,
+                    eval_every=args.eval_every,
+                    progress=bar.update,
+                    downlink=downlink,
+                )
+                bar.end(res)
+                results.append(res)
     print(summary_table(results, targets), flush=True)
     if args.json:
         write_json(results, targets, args.json)

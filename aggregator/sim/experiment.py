@@ -46,13 +46,17 @@ from aggregator.sim.harness import FleetHarness
 from aggregator.sim.methods import Method
 from aggregator.sim.problem import Fleet, Problem, agent_seed
 from edge_agent.agent import Agent, AgentConfig, RoundLog
+from edge_agent.cost import ZERO, Cost
 from edge_agent.indexcode import index_bytes
+from edge_agent.wire import encoded_size
 
 FloatArray = npt.NDArray[np.float64]
 
 JOB: Final = "sim"
 #: The cost metrics summed over agents (the ledger's attribute names).
 METRICS: Final[tuple[str, ...]] = ("bits", "packets", "airtime_s", "energy_j")
+#: The downlink fields of a record (sums over agents of what each received).
+DOWN_FIELDS: Final[tuple[str, ...]] = ("bytes", *METRICS)
 DEFAULT_TARGETS: Final[tuple[float, ...]] = (1e-1, 1e-2, 1e-3)
 #: Relative tolerance of the full-data cross-check of the agents' objective.
 _EVAL_RTOL: Final = 1e-9
@@ -73,6 +77,8 @@ class Trace:
     bytes_fixed32: list[int] = field(default_factory=list)
     t_sum: list[int] = field(default_factory=list)
     sim_time_s: list[float] = field(default_factory=list)
+    #: what the agents received up to x_k, snapshots included (a Cost per round)
+    down: list[Cost] = field(default_factory=list)
 
 
 @dataclass
@@ -90,6 +96,7 @@ class RunResult:
     engine_version: int
     models_equal: bool
     step_size: float
+    downlink: str = "exact"
 
 
 # --------------------------------------------------------------------------- set-up
@@ -102,6 +109,7 @@ def open_fleet(
     *,
     step_size: float | None = None,
     ef21_step_factor: float = 0.5,
+    downlink: str = "exact",
 ) -> FleetHarness:
     """The engine (full quorum, no deadline or liveness timeout) and one agent per shard,
     not started. Close the harness when done."""
@@ -114,6 +122,7 @@ def open_fleet(
             model=model.kind,
             step_size=step_size,
             ef21_step_factor=ef21_step_factor,
+            downlink=downlink,  # type: ignore[arg-type]
             min_agents=fleet.agents,
             quorum_fraction=1.0,
             round_deadline_s=1e18,
@@ -159,6 +168,11 @@ def _control_messages(agents: Sequence[Agent]) -> list[int]:
     return [a.ledger.messages - a.ledger.updates for a in agents]
 
 
+def _down_busy_s(agents: Sequence[Agent]) -> list[float]:
+    """Each agent's downlink time so far: airtime received plus the senders' silence."""
+    return [a.ledger.down.airtime_s + a.ledger.sender_silence_s for a in agents]
+
+
 def _radio_busy_s(agents: Sequence[Agent]) -> list[float]:
     """Each agent's radio time so far: airtime plus duty-cycle silence."""
     return [a.ledger.airtime_s + a.ledger.silence_s for a in agents]
@@ -191,6 +205,14 @@ class _Book:
         self.weights = rows / rows.sum()
         self.gap0 = problem.f0 - problem.f_star
         self.cum_bytes = self.cum_fixed = self.cum_t = 0
+        #: dense gradient descent's downlink, priced as one float32 model change per agent
+        #: per round (not what the relay would carry: d floats from every agent)
+        self.dense_down: list[Cost] | None = None
+        self.cum_dense_down = ZERO
+
+    def price_dense_downlink(self, fleet: Fleet, d: int) -> None:
+        size = int(encoded_size("dense", d=d, t=d, job=JOB, agent="r", round=0, seq=0))
+        self.dense_down = [p.downlink_cost(size).cost for p in fleet.profiles]
 
     def record_cost(self, now: float) -> None:
         """Cost of the k rounds that produced x_k (before this round's updates)."""
@@ -201,6 +223,12 @@ class _Book:
         tr.bytes_fixed32.append(self.cum_fixed)
         tr.t_sum.append(self.cum_t)
         tr.sim_time_s.append(now)
+        received = Cost.sum(a.ledger.down for a in self.agents)
+        if self.dense_down is None:
+            tr.down.append(received)
+        else:  # the start's snapshots as received, then one model change per round
+            start = tr.down[0] if tr.down else received
+            tr.down.append(start + self.cum_dense_down)
 
     def objective(self, logs: Sequence[RoundLog]) -> float:
         """f(x_k): the shards' objectives weighted by their rows."""
@@ -219,6 +247,8 @@ class _Book:
         self.cum_bytes += b
         self.cum_fixed += b32
         self.cum_t += ts
+        if self.dense_down is not None:
+            self.cum_dense_down = self.cum_dense_down + Cost.sum(self.dense_down)
 
     def stop_reason(self, sub: float, k: int, max_rounds: int) -> str | None:
         """Why the run stops after observing round k, or None to go on."""
@@ -261,7 +291,7 @@ def _check_end(harness: FleetHarness, book: _Book, method: Method) -> bool:
     (returns True; the protocol guarantees identical copies, so drift raises)."""
     if _control_messages(harness.agents) != book.control:
         raise RuntimeError("agents sent control messages after the start (resends?)")
-    x = harness.engine.x
+    x = harness.engine.broadcast_model
     models_equal = all(a.x is not None and np.array_equal(a.x, x) for a in harness.agents)
     if not models_equal:
         raise RuntimeError(f"{method}: an agent's model differs from the aggregator's")
@@ -290,7 +320,7 @@ def _train(
         done = _updates_of_round(harness, k)
         f_k = book.objective(done)
         if k == 0 or (eval_every > 0 and k % eval_every == 0):
-            _check_objective(problem, engine.x, f_k, k)
+            _check_objective(problem, engine.broadcast_model, f_k, k)
         sub = book.observe(k, f_k)
         if progress is not None:
             progress(k, sub)
@@ -298,13 +328,19 @@ def _train(
         if reason is not None:
             return k, reason, f_k
         book.add_round(done, problem.model.d, method.compressor)
-        # Lockstep rounds: the slowest radio sets the pace.
+        # Lockstep rounds: the slowest radio sets the pace, up then down.
         clock.now += max(
             after - before
             for after, before in zip(_radio_busy_s(harness.agents), radio_before, strict=True)
         )
+        down_before = _down_busy_s(harness.agents)
         version = engine.version
         harness.pump(strict=True)
+        harness.deliver()
+        clock.now += max(
+            after - before
+            for after, before in zip(_down_busy_s(harness.agents), down_before, strict=True)
+        )
         if engine.version != version + 1:
             return k, f"engine stopped at version {engine.version}: {engine.finish_reason}", f_k
         k += 1
@@ -321,6 +357,7 @@ def run_method(
     ef21_step_factor: float = 0.5,
     eval_every: int = 0,
     progress: ProgressFn | None = None,
+    downlink: str = "exact",
 ) -> RunResult:
     """Train ``method`` on ``fleet`` until the smallest target or ``max_rounds``.
 
@@ -331,15 +368,22 @@ def run_method(
     """
     started = time.perf_counter()
     with open_fleet(
-        problem, fleet, method, step_size=step_size, ef21_step_factor=ef21_step_factor
+        problem,
+        fleet,
+        method,
+        step_size=step_size,
+        ef21_step_factor=ef21_step_factor,
+        downlink=downlink,
     ) as harness:
         harness.start()
         harness.pump(strict=True)
         book = _Book(problem, fleet, harness.agents, targets)
+        if method.compressor == "dense":
+            book.price_dense_downlink(fleet, problem.model.d)
         k, stop_reason, f_k = _train(
             harness, book, method, max_rounds=max_rounds, eval_every=eval_every, progress=progress
         )
-        _check_objective(problem, harness.engine.x, f_k, k)
+        _check_objective(problem, harness.engine.broadcast_model, f_k, k)
         models_equal = _check_end(harness, book, method)
         return RunResult(
             method=method,
@@ -353,6 +397,7 @@ def run_method(
             engine_version=harness.engine.version,
             models_equal=models_equal,
             step_size=harness.engine.gamma(),
+            downlink=downlink,
         )
 
 

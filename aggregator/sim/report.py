@@ -18,7 +18,7 @@ from typing import Any, Final, TextIO
 import numpy as np
 import numpy.typing as npt
 
-from aggregator.sim.experiment import DEFAULT_TARGETS, METRICS, RunResult
+from aggregator.sim.experiment import DEFAULT_TARGETS, DOWN_FIELDS, METRICS, RunResult
 from aggregator.sim.problem import Fleet
 
 #: JSON fields measured on the wall clock: the only ones two same-seed runs disagree on.
@@ -40,6 +40,7 @@ def _num(v: float) -> float | int:
 #: The record fields measured at the round a target was reached, in record order.
 _AT_TARGET: Final[tuple[str, ...]] = (
     *METRICS, "bytes", "bytes_fixed32_index", "mean_t", "sim_time_s",
+    *(f"down_{m}" for m in DOWN_FIELDS), *(f"total_{m}" for m in DOWN_FIELDS),
 )  # fmt: skip
 
 
@@ -54,6 +55,13 @@ def _at_target(result: RunResult, k: int | None) -> dict[str, Any]:
         "bytes_fixed32_index": tr.bytes_fixed32[k],
         "mean_t": None if k == 0 else tr.t_sum[k] / (k * result.fleet.agents),
         "sim_time_s": tr.sim_time_s[k],
+        **{f"down_{m}": _num(tr.down[k].metric(m)) for m in DOWN_FIELDS},
+        **{
+            f"total_{m}": _num(
+                (tr.bytes[k] if m == "bytes" else tr.cost[m][k]) + tr.down[k].metric(m)
+            )
+            for m in DOWN_FIELDS
+        },
     }
 
 
@@ -63,6 +71,7 @@ def records(result: RunResult, targets: Sequence[float]) -> list[dict[str, Any]]
     return [
         {
             "method": result.method.spec,
+            "downlink": result.downlink,
             "target": eps,
             "rounds": result.reached.get(eps),
             **_at_target(result, result.reached.get(eps)),

@@ -121,3 +121,47 @@ def test_method_grammar() -> None:
 def test_bad_input_exits_with_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--methods", "cat-gzip", "--no-progress"]) == 2
     assert "cat-gzip" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def both_ways(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return run_cli(
+        tmp_path_factory.mktemp("sim"),
+        "both",
+        "--agents", "3",
+        "--profiles", "lorawan_eu868_dr5_sf7,ble5_2m_dle_notify,nbiot_udp_psm_rai",
+        "--methods", "dense,cat-signtopk+ef21",
+        "--downlink", "exact,cat",
+        "--targets", "0.1",
+    )  # fmt: skip
+
+
+def test_records_carry_the_downlink_and_the_total(both_ways: list[dict[str, Any]]) -> None:
+    assert [(r["method"], r["downlink"]) for r in both_ways] == [
+        (m, dl) for m in ("dense", "cat-signtopk+ef21") for dl in ("exact", "cat")
+    ]
+    for rec in both_ways:
+        assert rec["models_equal"] is True
+        assert rec["rounds"] is not None
+        assert rec["down_bytes"] > 0 and rec["down_airtime_s"] > 0 and rec["down_energy_j"] > 0
+        assert rec["total_bytes"] == rec["bytes"] + rec["down_bytes"]
+        for m in METRICS:
+            assert rec[f"total_{m}"] == pytest.approx(rec[m] + rec[f"down_{m}"])
+
+
+def test_dense_downlink_is_one_float32_model_change_per_agent_per_round(
+    both_ways: list[dict[str, Any]],
+) -> None:
+    dense = next(r for r in both_ways if r["method"] == "dense" and r["downlink"] == "exact")
+    d = dense["d"]
+    per_round = dense["down_bytes"] / (dense["agents"] * max(1, dense["rounds"]))
+    assert 4 * d <= per_round <= 4 * d + 64  # the float32 values plus a header (and x0 = 0)
+
+
+def test_the_compressed_downlink_receives_less_than_the_exact_one(
+    both_ways: list[dict[str, Any]],
+) -> None:
+    ef21 = {r["downlink"]: r for r in both_ways if r["method"] == "cat-signtopk+ef21"}
+    assert ef21["cat"]["down_bytes"] < ef21["exact"]["down_bytes"]
+    dense = next(r for r in both_ways if r["method"] == "dense")
+    assert ef21["cat"]["total_bytes"] * 5 < dense["total_bytes"]
