@@ -17,11 +17,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edge_agent.errors import CatEdgeError
+
+if TYPE_CHECKING:  # the agent's imports load only for `run`
+    from edge_agent.agent import Agent
 
 log = logging.getLogger("edge_agent")
 
@@ -121,20 +124,32 @@ def cmd_run(args: argparse.Namespace) -> int:
         agent.run()
     finally:
         agent.close("done" if agent.finished else "offline")
-    summary = {
-        "agent": agent_id,
-        "finished": agent.finished,
-        "rounds": agent.rounds,
-        "version": agent.version,
-        **{k: v for k, v in vars(agent.ledger).items()},
-        "dropped": agent.counters.dropped,
-        "timings_s": agent.timings_s,
-        "peak_rss_mb": _peak_rss_mb(),
-    }
+    summary = run_summary(agent_id, agent)
     print(json.dumps(summary), flush=True)
     if args.save_model and agent.x is not None:
         np.save(args.save_model, agent.x)
     return 0
+
+
+def run_summary(agent_id: str, agent: Agent) -> dict[str, Any]:
+    """The JSON line ``edge-agent run`` ends with: progress, and the ledger both ways.
+
+    ``up``/``down``/``total`` are :class:`edge_agent.cost.Cost` dicts (what the agent sent,
+    received, and their sum, priced on its own profile); ``updates``, ``bytes_on_air``,
+    ``bytes_on_air_down``, ``silence_s`` as in ``CostLedger.summary``; ``size_bytes`` is the
+    uplink's bytes, kept for older readers.
+    """
+    return {
+        "agent": agent_id,
+        "finished": agent.finished,
+        "rounds": agent.rounds,
+        "version": agent.version,
+        **agent.ledger.summary(),
+        "size_bytes": agent.ledger.size_bytes,
+        "dropped": agent.counters.dropped,
+        "timings_s": agent.timings_s,
+        "peak_rss_mb": _peak_rss_mb(),
+    }
 
 
 def _peak_rss_mb() -> float | None:

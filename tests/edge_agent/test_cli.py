@@ -1,4 +1,5 @@
-"""The edge-agent command line: profiles, data, calibrate (run is covered in integration)."""
+"""The edge-agent command line: profiles, data, calibrate, the run summary (the run itself is
+covered in integration)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,13 @@ import numpy as np
 import pytest
 
 from aggregator.localnet import free_port
-from edge_agent.cli import main
+from edge_agent import topics, wire
+from edge_agent.agent import Agent, AgentConfig
+from edge_agent.cli import main, run_summary
 from edge_agent.data import load_dataset
-from edge_agent.profiles import list_profiles, load_profile
+from edge_agent.models import make_model
+from edge_agent.profiles import list_profiles, load_profile, resolve_profile
+from edge_agent.transports import open_transport
 
 
 def test_profiles_lists_every_shipped_profile_with_its_choice(
@@ -194,3 +199,38 @@ def test_unknown_policy_is_a_clear_error(
     )
     assert code == 1
     assert "unknown policy 'greedy'" in capsys.readouterr().err
+
+
+def test_run_summary_carries_uplink_downlink_and_total(memory_url: str) -> None:
+    data = load_dataset(Path(__file__).resolve().parents[1] / "data" / "breast_cancer.svm")
+    model = make_model("logreg", n_features=data.n_features)
+    server = open_transport(memory_url, role="aggregator", client_id="server")
+    server.connect()
+    agent = Agent(
+        AgentConfig(job="j", agent_id="a1", duty_cycle="ignore"),
+        model=model,
+        data=data,
+        profile=resolve_profile("lorawan_eu868_dr5_sf7"),
+        transport=open_transport(memory_url, role="agent", client_id="a1"),
+    )
+    try:
+        agent.start()  # the hello: uplink
+        snap = wire.encode_snapshot(np.zeros(model.d), job="j", version=0)
+        server.publish(topics.model("j"), snap, retain=True)
+        for _ in range(50):  # bounded: the snapshot is the downlink
+            m = agent.transport.recv(timeout_s=0.05)
+            if m is not None:
+                agent.handle(m)
+            if agent.ledger.down.messages:
+                break
+        summary = json.loads(json.dumps(run_summary("a1", agent)))  # JSON-able as printed
+    finally:
+        agent.close("offline")
+        server.close()
+    up, down, total = summary["up"], summary["down"], summary["total"]
+    assert up["messages"] >= 1 and down["messages"] == 1 and down["bytes"] == len(snap)
+    assert down["airtime_s"] > 0 and down["energy_j"] > 0  # priced on the LoRaWAN downlink
+    for k in ("messages", "bytes", "bits", "packets", "airtime_s", "energy_j"):
+        assert total[k] == pytest.approx(up[k] + down[k]), k
+    assert summary["size_bytes"] == up["bytes"] and summary["agent"] == "a1"
+    assert {"updates", "bytes_on_air", "bytes_on_air_down", "silence_s"} <= summary.keys()
