@@ -17,6 +17,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -31,11 +32,13 @@ from helpers import HOST, free_port, free_port_pair
 
 from aggregator.optimum import solve_optimum
 from aggregator.rounds import EngineConfig, RoundEngine
+from aggregator.service import AggregatorService
+from aggregator.settings import Settings, load_settings
 from edge_agent.agent import Agent, AgentConfig, FeedbackName
 from edge_agent.data import load_dataset, make_rcv1_like, split_shards, write_libsvm
 from edge_agent.models import make_model
-from edge_agent.profiles import resolve_profile
-from edge_agent.transports import drop_broker, open_transport, topics
+from edge_agent.profiles import CostProfile, resolve_profile
+from edge_agent.transports import Message, Transport, drop_broker, open_transport, topics
 
 #: one radio per agent, all shipped profiles with a non-zero energy model
 PROFILES = ("lorawan_eu868_dr5_sf7", "ble5_2m_dle_notify", "nbiot_udp_psm_rai")
@@ -508,3 +511,161 @@ def reference_run(
 
 def versions(rows: Sequence[dict[str, Any]]) -> list[int]:
     return [int(r["version"]) for r in rows]
+
+
+# --------------------------------------------------------------------------- in-process agents
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One message an agent handed to its transport: when (monotonic s), where, how big."""
+
+    at: float
+    topic: str
+    size: int
+
+
+class CountingTransport(Transport):
+    """A real transport with a meter: every message the agent publishes (``sent``) and every
+    message the transport carried to it (``carried``, bytes per topic) is counted here, below
+    the agent, so the counts are what went over the wire, not what the agent believes.
+
+    ``deaf``: while True, inbound messages are carried (counted in ``carried`` and
+    ``missed``) but never reach the agent: a radio that missed its downlinks.
+    """
+
+    def __init__(self, inner: Transport) -> None:
+        super().__init__(inner.url, role=inner.role, client_id=inner.client_id)
+        self.inner = inner
+        self.sent: list[Sent] = []
+        self.carried: list[Message] = []
+        self.missed = 0
+        self.deaf = False
+
+    def connect(self) -> None:
+        self.inner.connect()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
+        self.sent.append(Sent(time.monotonic(), topic, len(payload)))
+        self.inner.publish(topic, payload, retain=retain)
+
+    def subscribe(self, pattern: str) -> None:
+        self.inner.subscribe(pattern)
+
+    def set_will(self, topic: str, payload: bytes) -> None:
+        self.inner.set_will(topic, payload)
+
+    @property
+    def connected(self) -> bool:
+        return self.inner.connected
+
+    def recv(self, timeout_s: float | None = None) -> Message | None:
+        msg = self.inner.recv(timeout_s)
+        if msg is None:
+            return None
+        self.carried.append(msg)
+        if self.deaf:
+            self.missed += 1
+            return None
+        return msg
+
+    @property
+    def sent_bytes(self) -> int:
+        return sum(s.size for s in self.sent)
+
+    @property
+    def carried_bytes(self) -> int:
+        return sum(len(m.payload) for m in self.carried)
+
+
+class AgentThread:
+    """A real :class:`Agent` on a real transport (wrapped in a :class:`CountingTransport`),
+    served by :meth:`Agent.run` on its own thread, closed the way ``edge-agent run`` closes
+    it ("done" when finished, else "offline")."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        url: str,
+        shard: Path,
+        features: int,
+        profile: CostProfile,
+        **transport_options: object,
+    ) -> None:
+        inner = open_transport(
+            url, role="agent", client_id=config.agent_id, timeout_s=5.0, **transport_options
+        )
+        self.transport = CountingTransport(inner)
+        self.agent = Agent(
+            config,
+            model=make_model("logreg", n_features=features, l2=L2),
+            data=load_dataset(shard, n_features=features),
+            profile=profile,
+            transport=self.transport,
+        )
+        self.error: BaseException | None = None
+        self.started_at = 0.0
+        self._thread = threading.Thread(target=self._serve, name=config.agent_id, daemon=True)
+
+    def start(self) -> None:
+        self.started_at = time.monotonic()
+        self._thread.start()
+
+    def _serve(self) -> None:
+        try:
+            self.agent.start()
+            self.agent.run(poll_s=0.02)
+        except BaseException as exc:  # reported by join()
+            self.error = exc
+        finally:
+            self.agent.close("done" if self.agent.finished else "offline")
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def join(self, timeout_s: float) -> None:
+        """Wait for the loop to end (the aggregator said stop, or :meth:`stop`); raise what
+        it raised; AssertionError after ``timeout_s``."""
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            raise AssertionError(
+                f"{self.agent.config.agent_id} still running after {timeout_s:g} s"
+            )
+        if self.error is not None:
+            raise AssertionError(f"{self.agent.config.agent_id} failed: {self.error!r}")
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self.agent.stop()
+        self.join(timeout_s)
+
+
+def service_settings(
+    problem: Problem, *, job: str, url: str, data_dir: Path, **more: Any
+) -> Settings:
+    """In-process aggregator settings for ``problem`` (no evaluation data: rounds stay fast)."""
+    return load_settings(
+        job=job,
+        d=problem.features,
+        l2=L2,
+        transports=[url],
+        data_dir=data_dir,
+        min_agents=len(problem.shards),
+        tick_s=0.05,
+        **more,
+    )
+
+
+@contextmanager
+def in_process_service(settings: Settings) -> Iterator[AggregatorService]:
+    """A started :class:`AggregatorService` (real transports), stopped on the way out."""
+    service = AggregatorService(settings)
+    service.start()
+    try:
+        yield service
+    finally:
+        service.stop()

@@ -1,0 +1,105 @@
+"""A LoRaWAN EU868 agent with default flags keeps its 1 % duty cycle against a real aggregator.
+
+Default flags: ``duty_cycle="wait"`` and ``resend_s=10``. The agent starts before the
+aggregator (so it says hello into the void, with its back-off) and the aggregator is
+away for longer than ``resend_s`` in the middle of the run (so the agent re-sends its last
+update): every kind of message it sends (hellos, requests, updates, re-sends) is on the
+wire, counted below the agent by :class:`CountingTransport`.
+
+Speed: the real ``lorawan_eu868_dr5_sf7`` profile owes about 10 s of silence per small
+message (1 % of 0.1 s of airtime per 40 B), so a few rounds would take minutes. The test
+runs a copy of it with every airtime divided by :data:`SCALE` and the same 1 % duty cycle:
+the law checked (airtime / elapsed time <= duty cycle, and every message waits for the
+silence the previous one owes) does not depend on the scale, and the run takes ~20 s.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e_helpers import AgentThread, make_problem, service_settings, wait_until
+
+from aggregator.localnet import HOST, free_port_pair
+from aggregator.service import AggregatorService
+from edge_agent import topics
+from edge_agent.agent import AgentConfig
+from edge_agent.profiles import CostProfile, parse_profile, resolve_profile
+
+pytestmark = pytest.mark.integration
+
+#: airtime divisor of the test's copy of the LoRaWAN profile (duty cycle unchanged)
+SCALE = 40.0
+
+
+def fast_lorawan() -> CostProfile:
+    """``lorawan_eu868_dr5_sf7`` with every airtime / SCALE, the same 1 % duty cycle."""
+    data: dict[str, Any] = resolve_profile("lorawan_eu868_dr5_sf7").model_dump(mode="json")
+    data["name"] = "lorawan_eu868_dr5_sf7_fast"
+    for part in ("per_packet", "per_byte", "per_message"):
+        if "airtime_s" in data.get(part, {}):
+            data[part]["airtime_s"] /= SCALE
+    profile = parse_profile(data, source="test copy")
+    assert profile.duty_cycle == 0.01
+    return profile
+
+
+def _version(services: list[AggregatorService]) -> int:
+    return int(services[-1].read(lambda e: e.version))
+
+
+def test_lorawan_agent_with_default_flags_stays_within_its_duty_cycle(tmp_path: Path) -> None:
+    profile = fast_lorawan()
+    problem = make_problem(tmp_path / "data", rows=60, features=8, agents=1)
+    url = f"zmq+tcp://{HOST}:{free_port_pair()}"
+    job = "duty"
+    config = AgentConfig(job=job, agent_id="lora-0", seed=0)
+    assert (config.duty_cycle, config.resend_s) == ("wait", 10.0)  # the defaults
+    agent = AgentThread(
+        config, url=url, shard=problem.shards[0], features=problem.features, profile=profile
+    )
+    settings = service_settings(
+        problem, job=job, url=url, data_dir=tmp_path / "agg", round_deadline_s=1.0
+    )
+    services: list[AggregatorService] = []
+    agent.start()
+    try:
+        time.sleep(2.5)  # no aggregator yet: hellos into the void, with back-off
+        services.append(AggregatorService(settings))
+        services[-1].start()
+        wait_until(lambda: _version(services) >= 3, 20.0, "three versions")
+        services[-1].stop()  # away for longer than resend_s: the agent re-sends
+        wait_until(lambda: agent.agent.counters.resends >= 1, 15.0, "a re-send")
+        services.append(AggregatorService(settings))
+        services[-1].start()
+        v = _version(services)
+        wait_until(lambda: _version(services) >= v + 2, 20.0, "two more versions after the restart")
+        agent.stop()
+        stopped = time.monotonic()
+    finally:
+        agent.agent.stop()
+        for s in services:
+            s.stop()
+
+    sent, ledger, dc = agent.transport.sent, agent.agent.ledger, 0.01
+    hello = topics.hello(job, "lora-0")
+    update = topics.update(job, "lora-0")
+    assert sum(s.topic == hello for s in sent) >= 2, "the hellos before the aggregator"
+    assert agent.agent.counters.resends >= 1
+    assert sum(s.topic == update for s in sent) >= 5 + agent.agent.counters.resends - 1
+    # the ledger has every message the wire carried, re-sends and hellos included
+    airtimes = [profile.message_cost(s.size).airtime_s for s in sent]
+    assert ledger.up.messages == len(sent)
+    assert ledger.up.airtime_s == pytest.approx(sum(airtimes), rel=1e-12)
+    # every message waited for the silence the one before it owed
+    for prev, nxt, air in zip(sent, sent[1:], airtimes, strict=False):
+        assert nxt.at - prev.at >= air / dc, (
+            f"{nxt.topic} sent {nxt.at - prev.at:.3f} s after {prev.topic}, "
+            f"which owed {air / dc:.3f} s"
+        )
+    # airtime over the time elapsed (until the last message's silence is served) <= 1 %
+    end = max(stopped, sent[-1].at + airtimes[-1] / dc)
+    share = ledger.up.airtime_s / (end - agent.started_at)
+    assert share <= dc, f"{share:.4%} airtime on a {dc:.0%} duty cycle"
