@@ -3,6 +3,8 @@
  * Data flow: every POLL_MS (only while the tab is visible) GET /status and /agents, then
  * GET /history?since=<last version seen> for the new rounds only (paged by HISTORY_PAGE).
  * Per-round costs from /history are summed here into cumulative costs, actual and dense.
+ * The summary shows the uplink (KPIs and the first row), the downlink and their total from
+ * /status, each against its dense float32 baseline when the aggregator knows it.
  * Fetch errors show the "disconnected" banner and retry with a capped exponential backoff.
  *
  * Everything that comes from the network is written with textContent, never innerHTML:
@@ -572,6 +574,46 @@
       li.querySelector(".kpi-dense").textContent = isNum(d) ? `dense: ${METRICS[k].fmt(d)}` : "";
       li.querySelector(".kpi-saving").textContent = savingText(a, d);
     }
+    renderDirections(s);
+  }
+
+  /** The uplink's counters name messages "updates"; the other directions "messages". */
+  function costOf(c) {
+    if (!c) return undefined;
+    return isNum(c.messages) ? c : { ...c, messages: c.updates };
+  }
+
+  const DIRECTION_FMT = { messages: fmtCount, bytes: (v) => si(v, "B"), ...Object.fromEntries(
+    ["packets", "airtime_s", "energy_j"].map((k) => [k, METRICS[k].fmt])) };
+
+  /** Uplink, downlink and total, each against its dense float32 baseline when known. */
+  function renderDirections(s) {
+    const rows = {
+      up: [costOf(s.totals), costOf(s.dense_equivalent)],
+      down: [s.downlink, s.dense_equivalent_downlink],
+      total: [s.total, s.dense_equivalent_total],
+    };
+    for (const tr of document.querySelectorAll("#directions-body tr")) {
+      const [actual, dense] = rows[tr.dataset.dir] || [];
+      for (const td of tr.querySelectorAll("td")) {
+        const k = td.dataset.metric;
+        const a = actual ? actual[k] : undefined;
+        const d = dense ? dense[k] : undefined;
+        const value = document.createElement("span");
+        value.className = "dir-value";
+        value.textContent = isNum(a) ? DIRECTION_FMT[k](a) : "–";
+        const vs = document.createElement("span");
+        vs.className = "dir-dense";
+        if (k !== "messages" && isNum(d)) {
+          const saving = savingText(a, d);
+          vs.textContent = `dense ${DIRECTION_FMT[k](d)}${saving ? ` · ${saving.replace(" than dense", "")}` : ""}`;
+        } else if (k !== "messages" && tr.dataset.dir !== "up" && actual) {
+          vs.textContent = "dense: unknown";
+          vs.title = "the dense downlink baseline is kept in memory: unknown after the aggregator resumed the job";
+        }
+        td.replaceChildren(value, vs);
+      }
+    }
   }
 
   function renderLossChart() {
@@ -672,7 +714,7 @@
       const tr = document.createElement("tr");
       tr.className = "placeholder";
       const td = cell("td", "No agent has said hello yet.");
-      td.colSpan = 10;
+      td.colSpan = 12;
       tr.append(td);
       body.replaceChildren(tr);
       return;
@@ -695,6 +737,11 @@
       badge.title = `agent state: ${stateText}`;
       status.append(badge);
       const t = a.totals || {};
+      const down = a.downlink || {};
+      const both = a.total || {};
+      const costTitle = (c, what) => isNum(c.bytes)
+        ? `${what}: ${fmtCount(c.messages)} messages, ${fmtCount(c.packets)} packets, ${fmtSeconds(c.airtime_s)} airtime, ${si(c.energy_j, "J")}`
+        : undefined;
       const seen = isNum(a.last_seen) ? new Date(a.last_seen * 1000).toLocaleString() : undefined;
       tr.append(
         name,
@@ -706,6 +753,8 @@
         cell("td", fmtCount(t.packets), "num"),
         cell("td", fmtSeconds(t.airtime_s), "num"),
         cell("td", si(t.energy_j, "J"), "num"),
+        cell("td", si(down.bytes, "B"), "num", costTitle(down, "received")),
+        cell("td", si(both.bytes, "B"), "num", costTitle(both, "sent + received")),
         cell("td", isNum(a.last_t) ? fmtCount(a.last_t) : "–", "num"),
       );
       return tr;

@@ -343,3 +343,35 @@ def test_dom_lists_the_agents_and_hides_the_banner(live_job: LiveJob, tmp_path: 
     for profile in PROFILES:
         assert profile in html
     assert f">{JOB}<" in html and f">v{ROUNDS}<" in html
+
+
+def _cells(html: str, row: str) -> dict[str, str]:
+    """The text of each ``data-metric`` cell of the directions row ``data-dir=row``."""
+    found = re.search(rf'<tr data-dir="{row}"[^>]*>(.*?)</tr>', html, re.S)
+    assert found, f"no {row} row in the directions table"
+    cells = re.findall(r'<td[^>]*data-metric="(\w+)"[^>]*>(.*?)</td>', found.group(1), re.S)
+    return {k: re.sub(r"<[^>]+>", " ", v) for k, v in cells}
+
+
+def test_page_has_both_directions_and_a_downlink_column(client: TestClient) -> None:
+    page = client.get("/").text
+    for row in ("up", "down", "total"):
+        assert set(_cells(page, row)) == {"messages", "bytes", "packets", "airtime_s", "energy_j"}
+    head = page[page.index('<table id="agents">') : page.index('<tbody id="agents-body">')]
+    assert ">Downlink</th>" in head and ">Total</th>" in head
+    assert 'colspan="12"' in page  # the placeholder spans every column
+
+
+@pytest.mark.integration  # uvicorn on a real port and headless Chromium
+def test_dom_shows_uplink_downlink_and_total_against_dense(
+    live_job: LiveJob, tmp_path: Path
+) -> None:
+    html = chromium(live_job.url, tmp_path / "profile", "--dump-dom").stdout.decode()
+    status = httpx.get(live_job.url + "status", timeout=5).json()
+    assert status["downlink"]["bytes"] > 0 and status["dense_equivalent_downlink"] is not None
+    for row in ("up", "down", "total"):
+        cells = _cells(html, row)
+        assert re.search(r"\d+(\.\d+)? [kMG]?B", cells["bytes"]), (row, cells["bytes"])
+        assert re.search(r"dense .* (less|more)$", cells["bytes"].strip()), (row, cells["bytes"])
+    body = html[html.index('<tbody id="agents-body">') :]
+    assert body.count('title="received:') == len(live_job.agents)  # the downlink column
