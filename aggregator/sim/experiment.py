@@ -173,6 +173,11 @@ def _down_busy_s(agents: Sequence[Agent]) -> list[float]:
     return [a.ledger.down.airtime_s + a.ledger.sender_silence_s for a in agents]
 
 
+def _slowest_s(after: Sequence[float], before: Sequence[float]) -> float:
+    """The longest time any agent spent this round (per-agent busy time after - before)."""
+    return max(a - b for a, b in zip(after, before, strict=True))
+
+
 def _radio_busy_s(agents: Sequence[Agent]) -> list[float]:
     """Each agent's radio time so far: airtime plus duty-cycle silence."""
     return [a.ledger.airtime_s + a.ledger.silence_s for a in agents]
@@ -329,18 +334,12 @@ def _train(
             return k, reason, f_k
         book.add_round(done, problem.model.d, method.compressor)
         # Lockstep rounds: the slowest radio sets the pace, up then down.
-        clock.now += max(
-            after - before
-            for after, before in zip(_radio_busy_s(harness.agents), radio_before, strict=True)
-        )
+        clock.now += _slowest_s(_radio_busy_s(harness.agents), radio_before)
         down_before = _down_busy_s(harness.agents)
         version = engine.version
         harness.pump(strict=True)
         harness.deliver()
-        clock.now += max(
-            after - before
-            for after, before in zip(_down_busy_s(harness.agents), down_before, strict=True)
-        )
+        clock.now += _slowest_s(_down_busy_s(harness.agents), down_before)
         if engine.version != version + 1:
             return k, f"engine stopped at version {engine.version}: {engine.finish_reason}", f_k
         k += 1
