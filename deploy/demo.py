@@ -4,8 +4,9 @@ Starts the aggregator with uvicorn and several `edge-agent run` processes, each 
 different shipped radio profile, training l2-logistic regression on generated RCV1-like
 shards until the loss reaches a target (relative suboptimality, f* from an L-BFGS solve).
 Shows a progress bar and the dashboard URL while it runs, ends with a summary table of what
-every agent spent against what dense gradients would have cost, and stops every process it
-started (also on Ctrl-C).
+every agent sent, received and both, against what dense float32 would have cost both ways
+(dense updates up, one dense model change per agent per version down), and stops every
+process it started (also on Ctrl-C).
 
     python deploy/demo.py [--agents 4] [--mqtt] [--target 0.05] [--keep]
 """
@@ -105,54 +106,93 @@ def dense_gd_rounds(model: Any, data: Any, target_loss: float, max_rounds: int) 
     return None
 
 
+_COST_KEYS = ("bytes", "packets", "airtime_s", "energy_j")
+
+
+def _uplink(c: dict[str, Any]) -> dict[str, Any]:
+    """The API's uplink counters (``updates``) as a cost with ``messages``."""
+    return {"messages": c.get("updates", 0), **{k: c[k] for k in _COST_KEYS}}
+
+
+def _cost_cols(c: dict[str, Any] | None) -> str:
+    if c is None:
+        return f"{'?':>9} {'?':>9} {'?':>9}"
+    return f"{si(c['bytes'], 'B'):>9} {si(c['airtime_s'], 's'):>9} {si(c['energy_j'], 'J'):>9}"
+
+
+def _ratio(actual: dict[str, Any], dense: dict[str, Any] | None, key: str) -> str:
+    """``"5.1x less"`` (or ``"1.2x more"``) than dense; ``"?"`` when unknown."""
+    if dense is None or not actual.get(key) or not dense.get(key):
+        return "?"
+    r = dense[key] / actual[key]
+    return f"{r:.1f}x less" if r >= 1 else f"{1 / r:.1f}x more"
+
+
+def _scaled(c: dict[str, Any] | None, scale: float) -> dict[str, Any] | None:
+    return None if c is None else {k: v * scale for k, v in c.items()}
+
+
 def summary_table(
     agents: list[dict[str, Any]], status: dict[str, Any], dense_rounds: int | None
 ) -> str:
-    head = f"{'agent':<8} {'profile':<34} {'T last':>6} {'updates':>7} {'bytes':>10} {'packets':>8} {'airtime':>10} {'energy':>10} {'per round vs dense':>21}"
+    """Per agent what it sent (uplink), received (downlink) and the total (bytes, airtime,
+    energy), then the fleet both ways against dense float32 both ways."""
+    group = f"{'bytes':>9} {'airtime':>9} {'energy':>9}"
+    head = f"{'agent':<8} {'profile':<30} {'T last':>6} {'upd':>4} | sent: {group} | received: {group} | total: {group} | {'total vs dense':>16}"
     rows = [head, "-" * len(head)]
+    # dense GD reaches the target in fewer rounds: price exactly that many dense rounds
+    scale = dense_rounds / status["round"] if dense_rounds and status.get("round") else 1.0
     for a in sorted(agents, key=lambda a: a["agent"]):
-        t, dense = a["totals"], a["dense_equivalent"]
         obj = a["objective"] or "bits"
-        ratio = dense.get(obj, 0.0) / t[obj] if t.get(obj) else float("nan")
+        vs = _ratio(a["total"], _scaled(a.get("dense_equivalent_total"), scale), obj)
         rows.append(
-            f"{a['agent']:<8} {a['profile']:<34} {a['last_t'] or 0:>6} {a['updates_accepted']:>7} "
-            f"{si(t['bytes'], 'B'):>10} {t['packets']:>8} {si(t['airtime_s'], 's'):>10} {si(t['energy_j'], 'J'):>10} "
-            f"{ratio:>12.1f}x less {obj[:7]:<7}"
+            f"{a['agent']:<8} {a['profile'][:30]:<30} {a['last_t'] or 0:>6} {a['updates_accepted']:>4} | "
+            f"      {_cost_cols(a['totals'])} |           {_cost_cols(a['downlink'])} |        {_cost_cols(a['total'])} | "
+            f"{vs + ' ' + obj.split('_')[0]:>16}"
         )
-    tot, dense = status["totals"], status["dense_equivalent"]
+    up, down, total = _uplink(status["totals"]), status["downlink"], status["total"]
+    dense_up: dict[str, Any] | None = _uplink(status["dense_equivalent"])
+    dense_down: dict[str, Any] | None = status.get("dense_equivalent_downlink")
+    dense_total: dict[str, Any] | None = status.get("dense_equivalent_total")
+    label = "(same rounds, all d values)"
+    if scale != 1.0:
+        dense_up, dense_down, dense_total = (
+            _scaled(c, scale) for c in (dense_up, dense_down, dense_total)
+        )
+        label = f"(dense GD, {dense_rounds} rounds)"
     rows.append("-" * len(head))
     rows.append(
-        f"{'total':<8} {'(CAT, adaptive)':<34} {'':>6} {tot['updates']:>7} {si(tot['bytes'], 'B'):>10} {tot['packets']:>8} "
-        f"{si(tot['airtime_s'], 's'):>10} {si(tot['energy_j'], 'J'):>10}"
+        f"{'fleet':<8} {'(CAT, adaptive)':<30} {'':>6} {up['messages']:>4} | "
+        f"      {_cost_cols(up)} |           {_cost_cols(down)} |        {_cost_cols(total)} |"
     )
     rows.append(
-        f"{'dense':<8} {'(same rounds, all d values)':<34} {'':>6} {dense['updates']:>7} {si(dense['bytes'], 'B'):>10} "
-        f"{dense['packets']:>8} {si(dense['airtime_s'], 's'):>10} {si(dense['energy_j'], 'J'):>10}"
+        f"{'dense':<8} {label[:30]:<30} {'':>6} {'':>4} | "
+        f"      {_cost_cols(dense_up)} |           {_cost_cols(dense_down)} |        {_cost_cols(dense_total)} |"
     )
-    if dense_rounds is not None and status.get("round"):
-        # dense GD reaches the target in fewer rounds: price exactly that many dense rounds
-        scale = dense_rounds / status["round"]
-        dense = {k: v * scale for k, v in dense.items()}
-        rows.append(
-            f"{'dense GD':<8} {f'(to the same target: {dense_rounds} rounds)':<34} {'':>6} {round(dense['updates']):>7} "
-            f"{si(dense['bytes'], 'B'):>10} {round(dense['packets']):>8} {si(dense['airtime_s'], 's'):>10} {si(dense['energy_j'], 'J'):>10}"
-        )
-    saving = [
-        f"{name} {dense[key] / tot[key]:.1f}x"
-        for name, key in (
-            ("bytes", "bytes"),
-            ("packets", "packets"),
-            ("airtime", "airtime_s"),
-            ("energy", "energy_j"),
-        )
-        if tot.get(key)
-    ]
     against = (
         "dense gradient descent to the same target"
         if dense_rounds is not None
-        else "dense updates for the same rounds"
+        else "dense float32 for the same rounds"
     )
-    rows.append(f"the adaptive fleet spent less than {against}: " + ", ".join(saving))
+    for name, actual, dense in (
+        ("uplink", up, dense_up),
+        ("downlink", down, dense_down),
+        ("total", total, dense_total),
+    ):
+        saving = ", ".join(
+            f"{what} {_ratio(actual, dense, key)}"
+            for what, key in (
+                ("bytes", "bytes"),
+                ("packets", "packets"),
+                ("airtime", "airtime_s"),
+                ("energy", "energy_j"),
+            )
+        )
+        rows.append(f"{name:>8} against {against}: {saving}")
+    if dense_down is None:
+        rows.append(
+            "(the dense downlink is unknown: the aggregator resumed this job past version 0)"
+        )
     return "\n".join(rows)
 
 
