@@ -63,6 +63,11 @@ class Broadcast:
         self._ops_complete = True
         self._history: deque[StepsParts] = deque(maxlen=max(1, window))
         self.w: FloatArray | None = None  # the broadcast model (cat mode)
+        #: the EF21 aggregate as it was when the current version closed (exact mode): a
+        #: state snapshot of version v must not include the changes already on their way
+        #: in the steps v -> v+1, or a replica would add them twice. None: not known (after
+        #: a restore, until the next close; the next version then goes out as a snapshot)
+        self._agg_at_version: FloatArray | None = np.zeros(d)
         self.t_down: int | None = None  # the last compressed broadcast's level
         self._rng = np.random.default_rng(0)
 
@@ -95,9 +100,12 @@ class Broadcast:
         self, x: FloatArray, version: int, aggregate: FloatArray | None, family: str | None
     ) -> Outbound:
         """A state snapshot (retained on ``cat/<job>/model``) of what the agents hold."""
-        agg = aggregate if self.mode == "exact" and family == "ef21" else None
-        if agg is None and family == "ef21" and self.mode == "exact":
-            agg = np.zeros(self.d)  # no change arrived yet: the aggregate is zero
+        agg = None
+        if self.mode == "exact" and family == "ef21":
+            if self._agg_at_version is not None and self._ops_complete:
+                agg = self._agg_at_version
+            else:  # the next version is a snapshot too: the current state is consistent
+                agg = np.zeros(self.d) if aggregate is None else aggregate
         blob = downlink.encode_state(self.model(x), job=self.job, version=version, aggregate=agg)
         return Outbound(topics.model(self.job), blob, retain=True)
 
@@ -113,9 +121,14 @@ class Broadcast:
         family: downlink.Family,
         coef: float,
         prices: Sequence[DownPrice],
+        aggregate: FloatArray | None = None,
     ) -> Outbound | None:
-        """The broadcast for version ``base -> version``; None: send a state snapshot."""
+        """The broadcast for version ``base -> version``; None: send a state snapshot.
+        ``aggregate``: the EF21 aggregate after this version's step (exact mode keeps a
+        copy for state snapshots of this version)."""
         ops, self._ops = self._ops, []
+        if self.mode == "exact" and family == "ef21":
+            self._agg_at_version = np.zeros(self.d) if aggregate is None else aggregate.copy()
         if self.mode == "delta":
             return Outbound(
                 topics.delta(self.job),
@@ -207,6 +220,7 @@ class Broadcast:
         """The inverse of :meth:`export`; the open version's operations are not saved, so
         the next version goes out as a state snapshot."""
         self._ops_complete = False
+        self._agg_at_version = None
         if data and data.get("w") and self.mode == "cat":
             w = np.frombuffer(base64.b64decode(data["w"]), dtype="<f8").astype(np.float64)
             if w.shape == (self.d,) and np.isfinite(w).all():

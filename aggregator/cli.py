@@ -7,8 +7,10 @@
     or ``--api-token-file``.
 
 ``aggregator simulate ...``
-    The in-process simulator (``aggregator/simulate.py``, exposing ``main(argv) -> int``);
-    everything after ``simulate`` is passed to it unchanged.
+    The in-process simulator (:mod:`aggregator.sim`, entry ``aggregator.sim.cli.main(argv)``);
+    everything after ``simulate`` is passed to it unchanged. This path imports none of the
+    service's web dependencies (FastAPI, uvicorn, pydantic-settings, prometheus-client):
+    the service modules are imported only for ``serve``.
 """
 
 from __future__ import annotations
@@ -19,13 +21,15 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from aggregator.settings import Settings, SettingsError, env_name, load_settings
 from edge_agent.errors import CatEdgeError
 
 _NOT_FLAGS = frozenset({"api_token", "config_file"})
+_SIMULATOR = "aggregator.sim.cli"
 
 
 def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from aggregator.settings import Settings, env_name
+
     p = sub.add_parser(
         "serve",
         help="run the aggregator service (FastAPI under uvicorn)",
@@ -46,6 +50,8 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def serve(args: argparse.Namespace) -> int:
+    from aggregator.settings import Settings, SettingsError, load_settings
+
     overrides = {
         name: getattr(args, name)
         for name in Settings.model_fields
@@ -77,21 +83,21 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def simulate(argv: Sequence[str]) -> int:
-    """Hand over to ``aggregator.simulate.main(argv)`` (imported only when asked for)."""
+    """Hand over to ``aggregator.sim.cli.main(argv)`` (imported only when asked for)."""
     try:
-        module = importlib.import_module("aggregator.simulate")
+        module = importlib.import_module(_SIMULATOR)
     except ModuleNotFoundError as exc:
-        if exc.name != "aggregator.simulate":
+        if exc.name not in (_SIMULATOR, "aggregator.sim"):
             raise
         print(
             "aggregator: the simulator is not installed in this build "
-            "(aggregator/simulate.py is missing); `aggregator serve` is available.",
+            "(aggregator/sim/ is missing); `aggregator serve` is available.",
             file=sys.stderr,
         )
         return 2
     entry = getattr(module, "main", None)
     if entry is None:
-        print("aggregator: aggregator.simulate has no main(argv) function", file=sys.stderr)
+        print(f"aggregator: {_SIMULATOR} has no main(argv) function", file=sys.stderr)
         return 2
     result = entry(list(argv))
     return int(result) if result is not None else 0

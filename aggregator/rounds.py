@@ -585,6 +585,7 @@ class RoundEngine:
             family=self.family or "mean",
             coef=coef,
             prices=self._pricer.down_prices(a.hello.profile for a in self.agents.values()),
+            aggregate=self.sum_h,
         )
         out = [sent or self.snapshot_message()]
         if sent is not None and cfg.snapshot_every and self.version % cfg.snapshot_every == 0:

@@ -49,16 +49,8 @@ from typing import Any, Final, Literal, NamedTuple
 
 import numpy as np
 
-from aggregator.rounds import (
-    AgentInfo,
-    EngineConfig,
-    EngineSnapshot,
-    Evaluator,
-    ProfileLookup,
-    RoundEngine,
-    RoundRecord,
-    Spend,
-)
+from aggregator.accounting import ProfileLookup, RoundRecord, Spend
+from aggregator.rounds import AgentInfo, EngineConfig, EngineSnapshot, Evaluator, RoundEngine
 from edge_agent.errors import CatEdgeError
 
 log = logging.getLogger("aggregator.store")

@@ -347,9 +347,12 @@ class Agent:
                 status = messages.Status(
                     state=state, agent=self.config.agent_id, round=self.version
                 )
+                payload = messages.dump(status)
                 self.transport.publish(
-                    topics.status(self.config.job, self.config.agent_id), messages.dump(status)
+                    topics.status(self.config.job, self.config.agent_id), payload
                 )
+                # the goodbye goes on the air too: the ledger's ``up`` counts every message
+                self.ledger.add(self.profile.message_cost(len(payload)), update=False)
         except TransportError as exc:  # the transport was closed under us: nothing to say
             log.warning("could not say goodbye (%s): %s", state, exc)
         finally:

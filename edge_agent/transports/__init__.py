@@ -1,6 +1,7 @@
 """Transports: one small publish/subscribe contract over memory, MQTT and ZeroMQ.
 
-    from edge_agent.transports import open_transport, topics
+    from edge_agent import topics
+    from edge_agent.transports import open_transport
 
     with open_transport("mqtt://broker:1883", role="agent", client_id="agent-7") as t:
         t.subscribe(topics.model("job1"))
@@ -18,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from edge_agent.errors import lookup
-from edge_agent.transports import topics
 from edge_agent.transports.base import ROLES, Message, Role, Transport, TransportStats
 from edge_agent.transports.memory import MemoryBroker, MemoryTransport, drop_broker, get_broker
 from edge_agent.transports.url import ParsedUrl, parse_url
@@ -79,5 +79,4 @@ __all__ = [
     "get_broker",
     "open_transport",
     "parse_url",
-    "topics",
 ]

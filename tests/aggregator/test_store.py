@@ -19,9 +19,8 @@ from aggregator.store import (
     encode_checkpoint,
     recover,
 )
-from edge_agent import messages, wire
+from edge_agent import messages, topics, wire
 from edge_agent.compressors import Update
-from edge_agent.transports import topics
 
 JOB = "job1"
 D = 8
@@ -239,7 +238,14 @@ def test_checkpoint_written_with_a_dense_accumulator_still_loads() -> None:
     meta = json.dumps(
         {"engine": snap.meta, "h_agents": list(snap.h_agents), "journal_hwm": 4}, sort_keys=True
     ).encode()
-    arrays = {"x": snap.x, "acc": snap.acc, "h": snap.h, "sum_h": snap.sum_h, "seen": snap.seen}
+    # typed Any: savez's own keyword (allow_pickle: bool) would clash with **arrays
+    arrays: dict[str, Any] = {
+        "x": snap.x,
+        "acc": snap.acc,
+        "h": snap.h,
+        "sum_h": snap.sum_h,
+        "seen": snap.seen,
+    }
     buf = io.BytesIO()
     np.savez(buf, meta=np.frombuffer(meta, np.uint8),
              digest=np.frombuffer(_digest(arrays, meta).encode(), np.uint8), **arrays)  # fmt: skip
@@ -258,7 +264,7 @@ def test_checkpoint_with_a_bad_accumulator_index_is_refused(index: list[int]) ->
 
     snap = _mid_round_plain_engine().export()
     meta = json.dumps({"engine": snap.meta, "h_agents": [], "journal_hwm": 1}).encode()
-    arrays = {"x": snap.x, "acc_index": np.array(index, np.int64), "acc_value": np.ones(2),
+    arrays: dict[str, Any] = {"x": snap.x, "acc_index": np.array(index, np.int64), "acc_value": np.ones(2),
               "h": snap.h, "sum_h": snap.sum_h, "seen": snap.seen}  # fmt: skip
     buf = io.BytesIO()
     np.savez(buf, meta=np.frombuffer(meta, np.uint8),

@@ -106,7 +106,7 @@ def test_ef21_steps_with_resets_replay_bit_identically(seed: int, rounds: int) -
         assert mirror.step(x, coef).finite
         ops.append(step_op(coef))
     msg = encode_steps(ops, job=JOB, d=d, base_version=0, version=rounds, family="ef21")
-    assert replica.apply(decode_downlink(msg)) is None  # type: ignore[arg-type]
+    assert replica.apply(decode_downlink(msg)) is None
     assert replica.x is not None and replica.x.tobytes() == x.tobytes()
     assert replica.aggregate is not None and replica.aggregate.tobytes() == mirror.sum_h.tobytes()
 

@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -28,17 +25,18 @@ from typing import Any
 
 import httpx
 import numpy as np
-from helpers import HOST, free_port, free_port_pair
 
+from aggregator.localnet import HOST, ServiceProcess, free_port_pair, service_env, tail
 from aggregator.optimum import solve_optimum
 from aggregator.rounds import EngineConfig, RoundEngine
 from aggregator.service import AggregatorService
 from aggregator.settings import Settings, load_settings
+from aggregator.sim.harness import FleetHarness
 from edge_agent.agent import Agent, AgentConfig, FeedbackName
 from edge_agent.data import load_dataset, make_rcv1_like, split_shards, write_libsvm
 from edge_agent.models import make_model
 from edge_agent.profiles import CostProfile, resolve_profile
-from edge_agent.transports import Message, Transport, drop_broker, open_transport, topics
+from edge_agent.transports import Message, Transport, open_transport
 
 #: one radio per agent, all shipped profiles with a non-zero energy model
 PROFILES = ("lorawan_eu868_dr5_sf7", "ble5_2m_dle_notify", "nbiot_udp_psm_rai")
@@ -107,100 +105,20 @@ def wait_until(
     raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}{extra}")
 
 
-def tail(path: Path, lines: int = 25) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def _clean_env(extra: dict[str, str]) -> dict[str, str]:
-    """The parent environment without any AGG_* (a developer's settings must not leak in)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AGG_")}
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra)
-    return env
-
-
 # --------------------------------------------------------------------------- processes
 
 
-class AggregatorProcess:
-    """``uvicorn aggregator.app:app`` with ``AGG_*`` settings; restartable on the same ports."""
+class AggregatorProcess(ServiceProcess):
+    """``uvicorn aggregator.app:app`` with ``AGG_*`` settings (the shared launcher), plus an
+    HTTP client for the API; restartable on the same ports."""
 
     def __init__(self, workdir: Path, settings: dict[str, str], *, http_port: int | None = None):
-        self.workdir = workdir
-        self.settings = settings
-        self.port = http_port if http_port is not None else free_port()
-        self.base = f"http://{HOST}:{self.port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
+        super().__init__(workdir, settings, port=http_port)
+        self.base = self.base_url
         self.http = httpx.Client(base_url=self.base, timeout=5.0)
 
-    @property
-    def log_path(self) -> Path:
-        return self.workdir / f"aggregator-{self.starts}.log"
-
-    def start(self, timeout_s: float = 30.0) -> None:
-        """Start and wait until ``/healthz`` answers 200."""
-        assert self.proc is None or self.proc.poll() is not None, "already running"
-        self.starts += 1
-        cmd = [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "aggregator.app:app",
-            "--host",
-            HOST,
-            "--port",
-            str(self.port),
-            "--log-level",
-            "warning",
-        ]
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(
-                cmd,
-                env=_clean_env(self.settings),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.workdir,
-            )
-        wait_until(self._healthy, timeout_s, "the aggregator's /healthz", diagnose=self.diagnose)
-
-    def _healthy(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError(
-                f"the aggregator exited with {self.proc.returncode}:\n{tail(self.log_path)}"
-            )
-        try:
-            return self.http.get("/healthz", timeout=1.0).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill(self, timeout_s: float = 10.0) -> None:
-        """SIGKILL: no shutdown hook, no flush; wait until the process is gone."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=timeout_s)
-
-    def stop(self, timeout_s: float = 15.0) -> None:
-        """SIGTERM (uvicorn's orderly shutdown), SIGKILL after ``timeout_s``."""
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=timeout_s)
-
     def close(self) -> None:
-        self.stop()
+        super().close()
         self.http.close()
 
     def get(self, path: str, **params: Any) -> Any:
@@ -232,9 +150,6 @@ class AggregatorProcess:
         r.raise_for_status()
         return parse_metrics(r.text)
 
-    def diagnose(self) -> str:
-        return f"aggregator log ({self.log_path.name}):\n{tail(self.log_path)}"
-
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*(?:\{[^}]*\})?) (\S+)$")
 
@@ -264,7 +179,8 @@ class AgentProcess:
         return dict(json.loads(lines[-1])) if lines else {}
 
     def saved_model(self) -> np.ndarray[Any, Any]:
-        return np.load(self.model_path, allow_pickle=False)
+        model: np.ndarray[Any, Any] = np.load(self.model_path, allow_pickle=False)
+        return model
 
     def diagnose(self) -> str:
         return f"{self.agent_id} stderr:\n{tail(self.err_path, 10)}"
@@ -323,7 +239,7 @@ class Fleet:
             "--quiet",
         ]
         with out_path.open("wb") as out, err_path.open("wb") as err:
-            proc = subprocess.Popen(cmd, env=_clean_env({}), stdout=out, stderr=err)
+            proc = subprocess.Popen(cmd, env=service_env({}), stdout=out, stderr=err)
         agent = AgentProcess(agent_id, profile, proc, out_path, err_path, model_path)
         self.agents.append(agent)
         return agent
@@ -417,7 +333,7 @@ def wait_finished(agg: AggregatorProcess, fleet: Fleet, timeout_s: float) -> dic
 def assert_models_identical(agg: AggregatorProcess, fleet: Fleet) -> np.ndarray[Any, Any]:
     """GET /model equals every agent's saved copy bit for bit; returns the model."""
     version, body = agg.model()
-    x = np.load(io.BytesIO(body), allow_pickle=False)
+    x: np.ndarray[Any, Any] = np.load(io.BytesIO(body), allow_pickle=False)
     assert x.dtype == np.float64
     for a in fleet.agents:
         copy = a.saved_model()
@@ -436,13 +352,12 @@ def reference_run(
     problem: Problem, *, job: str, feedback: FeedbackName, rounds: int
 ) -> tuple[list[float], np.ndarray[Any, Any]]:
     """The same job without processes or failures: the same shards, seeds, profiles and
-    :class:`RoundEngine`, the real :class:`Agent` code over ``memory://``, pumped one round
-    at a time. Returns (loss after each version 1..rounds, the final model).
+    :class:`RoundEngine`, the real :class:`Agent` code over ``memory://`` (the simulator's
+    :class:`FleetHarness`), pumped one round at a time. Returns (loss after each version
+    1..rounds, the final model).
 
     ``job`` must be the real job's id: it is in every update's header, so it changes the
     message sizes CAT prices, and with them the T it picks."""
-    name = f"e2e-ref-{uuid.uuid4().hex[:8]}"
-    url = f"memory://{name}"
     full = load_dataset(problem.full, n_features=problem.features)
     eval_model = make_model("logreg", n_features=problem.features, l2=L2)
     engine = RoundEngine(
@@ -452,16 +367,17 @@ def reference_run(
         evaluator=lambda x: (eval_model.loss(x, full), eval_model.accuracy(x, full)),
         profiles=resolve_profile,
     )
-    agg = open_transport(url, role="aggregator", client_id="reference")
-    agents: list[Agent] = []
     losses: list[float] = []
-    try:
-        agg.connect()
-        for pattern in topics.agent_inbound(job):
-            agg.subscribe(pattern)
+
+    def pump(fleet: FleetHarness) -> None:
+        for eff in fleet.pump():
+            if eff.committed is not None and eff.committed.loss is not None:
+                losses.append(eff.committed.loss)
+
+    with FleetHarness(engine, name="e2e-ref") as fleet:
         for i, shard in enumerate(problem.shards):
             data = load_dataset(shard, n_features=problem.features)
-            agent = Agent(
+            fleet.add_agent(
                 AgentConfig(
                     job=job,
                     agent_id=AGENT_IDS[i],
@@ -473,40 +389,18 @@ def reference_run(
                 model=make_model("logreg", n_features=data.n_features, l2=L2),
                 data=data,
                 profile=resolve_profile(PROFILES[i]),
-                transport=open_transport(url, role="agent", client_id=AGENT_IDS[i]),
             )
-            agent.start()
-            agents.append(agent)
-
-        def pump(now: float) -> None:
-            effects = []
-            while (m := agg.recv(timeout_s=0)) is not None:
-                effects.append(engine.handle(m.topic, m.payload, now))
-            effects.append(engine.tick(now))
-            for eff in effects:
-                if eff.committed is not None and eff.committed.loss is not None:
-                    losses.append(eff.committed.loss)
-                for out in eff.outbound:
-                    agg.publish(out.topic, out.payload, retain=out.retain)
-
-        now = 0.0
+        fleet.start()
         for _ in range(rounds + 2):
-            now += 0.001
-            pump(now)
-            for agent in agents:
-                while (m := agent.transport.recv(timeout_s=0)) is not None:
-                    agent.handle(m)
-                agent.step()
-            pump(now)
+            fleet.clock.now += 0.001
+            pump(fleet)
+            fleet.deliver()
+            fleet.step()
+            pump(fleet)
             if engine.state == "finished":
                 break
         assert engine.version == rounds, f"the reference stopped at version {engine.version}"
         return losses, engine.x.copy()
-    finally:
-        for agent in agents:
-            agent.transport.close()
-        agg.close()
-        drop_broker(name)
 
 
 def versions(rows: Sequence[dict[str, Any]]) -> list[int]:

@@ -46,10 +46,9 @@ from e2e_helpers import (
 )
 
 from aggregator.rounds import EngineConfig, RoundEngine
-from edge_agent import messages, wire
+from edge_agent import messages, topics, wire
 from edge_agent.agent import FeedbackName
 from edge_agent.compressors import compress
-from edge_agent.transports import topics
 
 pytestmark = pytest.mark.integration
 
