@@ -542,41 +542,49 @@ class Agent:
 
     def run(self, *, poll_s: float = 0.05) -> None:
         """Serve until stopped (control ``stop``, :meth:`stop`, or ``max_rounds`` answered)."""
-        cfg = self.config
         while not self._stop.is_set():
-            msg = self.transport.recv(timeout_s=poll_s)
-            while msg is not None:
-                self.handle(msg)
-                msg = self.transport.recv(timeout_s=0)
-            if self._stop.is_set():
+            self._drain(poll_s)
+            if self._stop.is_set() or not self._tick():
                 break
-            now = self.clock()
-            may_send = cfg.duty_cycle == "ignore" or now >= self._quiet_until
-            if self._outbox and may_send:
-                self._flush_outbox()
-            elif self.due and may_send:
-                self.step()
-            elif self._resend_wanted and may_send:
-                self._resend()
-            elif (
-                cfg.max_rounds is not None
-                and self.rounds >= cfg.max_rounds
-                and self.version != self.sent_version
-            ):
-                self.finished = True  # its last update was applied: say "done", not "offline"
-                break
-            elif not may_send:
-                continue  # the radio owes silence: nothing else may go out
-            elif self.x is None and now - self._last_progress >= self._hello_interval_s:
-                # No model yet: the aggregator may not be up, or missed the hello. Back off.
-                self._say_hello()
-                self._hello_interval_s = min(2 * self._hello_interval_s, cfg.resend_s or 30.0)
-            elif (
-                self.x is not None
-                and cfg.resend_s is not None
-                and now - self._last_progress >= cfg.resend_s
-            ):
-                self._resend()
+
+    def _drain(self, poll_s: float) -> None:
+        """Handle what arrived (waiting up to ``poll_s`` for the first message)."""
+        msg = self.transport.recv(timeout_s=poll_s)
+        while msg is not None:
+            self.handle(msg)
+            msg = self.transport.recv(timeout_s=0)
+
+    def _tick(self) -> bool:
+        """Send at most one message, if any is due and the radio may send; False when the
+        work is over (its last update was applied: it says "done", not "offline")."""
+        cfg = self.config
+        now = self.clock()
+        if (
+            cfg.max_rounds is not None
+            and self.rounds >= cfg.max_rounds
+            and self.version != self.sent_version
+        ):
+            self.finished = True
+            return False
+        if cfg.duty_cycle == "wait" and now < self._quiet_until:
+            return True  # the radio owes silence: nothing may go out
+        if self._outbox:
+            self._flush_outbox()
+        elif self.due:
+            self.step()
+        elif self._resend_wanted:
+            self._resend()
+        elif self.x is None and now - self._last_progress >= self._hello_interval_s:
+            # No model yet: the aggregator may not be up, or missed the hello. Back off.
+            self._say_hello()
+            self._hello_interval_s = min(2 * self._hello_interval_s, cfg.resend_s or 30.0)
+        elif self._silent_for_s(now) >= (cfg.resend_s or float("inf")):
+            self._resend()
+        return True
+
+    def _silent_for_s(self, now: float) -> float:
+        """Seconds without a new model version while holding one (0 without a model)."""
+        return 0.0 if self.x is None else now - self._last_progress
 
 
 def _with_semantics(update: Update, feedback: Feedback) -> Update:

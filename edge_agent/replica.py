@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from edge_agent.aggregation import MeanAccumulator
-from edge_agent.downlink import Add, Family, Move, StateSnapshot, Step, Steps, Sub, Zero
+from edge_agent.downlink import Add, Family, Move, Op, StateSnapshot, Step, Steps, Sub, Zero
 from edge_agent.wire import Delta, Snapshot
 
 FloatArray = npt.NDArray[np.float64]
@@ -93,33 +93,46 @@ class Replica:
         agg = None if self.aggregate is None else self.aggregate.copy()
         acc = MeanAccumulator(self.d) if self.family == "mean" else None
         for op in steps.ops:
-            if isinstance(op, Move):
-                op.update.add_to(x)
-            elif isinstance(op, Add):
-                if acc is not None:
-                    acc.add(op.update, op.weight)
-                else:
-                    assert agg is not None
-                    op.update.add_to(agg, op.weight)
-            elif isinstance(op, Step):
-                if acc is not None:
-                    if not acc.step(x, op.coef).finite:
-                        return "not_finite"
-                    acc.reset()
-                else:
-                    assert agg is not None
-                    # exactly the aggregator's expression: x - coef * sum_h
-                    new = x - op.coef * agg
-                    if not np.isfinite(new).all():
-                        return "not_finite"
-                    x = new
-            elif isinstance(op, Sub):
-                assert agg is not None
-                agg[op.indices] -= op.values
-            elif isinstance(op, Zero):
-                assert agg is not None
-                agg[:] = 0.0
+            if isinstance(op, Step):
+                stepped = _step(x, op.coef, acc, agg)
+                if stepped is None:
+                    return "not_finite"
+                x = stepped
+            else:
+                _apply(op, x, acc, agg)
         self.x = x
         self.aggregate = agg
         self.version = steps.version
         return None
+
+
+def _apply(op: Op, x: FloatArray, acc: MeanAccumulator | None, agg: FloatArray | None) -> None:
+    """One operation other than STEP, in place (mean jobs add to ``acc``, EF21 to ``agg``)."""
+    if isinstance(op, Move):
+        op.update.add_to(x)
+    elif isinstance(op, Add):
+        if acc is not None:
+            acc.add(op.update, op.weight)
+        else:
+            assert agg is not None
+            op.update.add_to(agg, op.weight)
+    elif isinstance(op, Sub):
+        assert agg is not None
+        agg[op.indices] -= op.values
+    elif isinstance(op, Zero):
+        assert agg is not None
+        agg[:] = 0.0
+
+
+def _step(
+    x: FloatArray, coef: float, acc: MeanAccumulator | None, agg: FloatArray | None
+) -> FloatArray | None:
+    """The aggregator's step with coefficient ``coef``; None if it is not finite."""
+    if acc is not None:
+        if not acc.step(x, coef).finite:
+            return None
+        acc.reset()
+        return x
+    assert agg is not None
+    new = x - coef * agg  # exactly the aggregator's expression: x - coef * sum_h
+    return new if np.isfinite(new).all() else None
