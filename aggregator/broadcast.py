@@ -38,6 +38,7 @@ from aggregator.outbound import DeltaParts, Outbound, StepsParts
 from edge_agent import downlink, topics, wire
 from edge_agent.compressors import compress
 from edge_agent.indexcode import index_bytes
+from edge_agent.profiles import CostProfile
 from edge_agent.selection import select
 
 FloatArray = npt.NDArray[np.float64]
@@ -225,6 +226,22 @@ class Broadcast:
             w = np.frombuffer(base64.b64decode(data["w"]), dtype="<f8").astype(np.float64)
             if w.shape == (self.d,) and np.isfinite(w).all():
                 self.w = w
+
+
+def downlink_interval_s(profile: CostProfile, size_bytes: int) -> float:
+    """How long the link to an agent stays spent after it received a message of
+    ``size_bytes``: the message's downlink airtime plus the silence its sender then owes
+    (``sender_duty_cycle``), and at least the share of a day its network's cap allows
+    (``max_messages_per_day``, counted in link packets: each packet is a downlink).
+    0.0 for a link without a downlink part (no caps)."""
+    down = profile.downlink
+    if down is None:
+        return 0.0
+    cost = profile.downlink_cost(size_bytes)
+    interval = cost.airtime_s + cost.silence_s
+    if down.max_messages_per_day is not None:
+        interval = max(interval, 86_400.0 * max(1, cost.packets) / down.max_messages_per_day)
+    return interval
 
 
 def _delta_size(d: int, changed: IntArray) -> int:

@@ -38,6 +38,7 @@ def export_engine(self: RoundEngine) -> EngineSnapshot:
         "rounds": self.rounds,
         "totals": self.totals.to_dict(),
         "totals_down": self.totals_down.to_dict(),
+        "next_version_at": self.next_version_at,
         "last_record": None if self.last_record is None else self.last_record.to_dict(),
         "loss": self.loss,
         "accuracy": self.accuracy,
@@ -79,6 +80,7 @@ def restore_engine(eng: RoundEngine, snap: EngineSnapshot) -> None:
     eng.rounds = int(meta["rounds"])
     eng.totals = Spend.from_dict(meta["totals"])
     eng.totals_down = Cost.from_dict(meta.get("totals_down"))
+    eng.next_version_at = float(meta.get("next_version_at", 0.0))
     rec = meta["last_record"]
     eng.last_record = None if rec is None else RoundRecord.from_dict(rec)
     eng.loss = meta["loss"]

@@ -65,6 +65,10 @@ class EngineConfig:
     downlink: Literal["exact", "delta", "cat"] = "exact"
     #: versions of steps kept to catch up an agent that missed some
     downlink_window: int = 64
+    #: space the versions so that no live agent receives more than its profile's downlink
+    #: part allows: its network's downlinks per day and its sender's duty cycle
+    #: (aggregator.broadcast.downlink_interval_s)
+    downlink_pacing: bool = False
 
     def __post_init__(self) -> None:
         topics.validate_id(self.job, "job id")

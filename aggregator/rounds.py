@@ -34,7 +34,7 @@ import numpy as np
 from aggregator import admission, engine_state
 from aggregator.accounting import Pricer, ProfileLookup, RoundCosts, RoundRecord, Spend
 from aggregator.admission import REJECT_REASONS, Decoded, Family, Reject, semantics_family
-from aggregator.broadcast import Broadcast
+from aggregator.broadcast import Broadcast, downlink_interval_s
 from aggregator.dedupe import SeenKeys
 from aggregator.engine_types import (
     AgentInfo,
@@ -117,6 +117,9 @@ class RoundEngine:
         self.rounds = 0
         self.totals = Spend()
         self.totals_down = ZERO  # what the agents received, summed over agents
+        #: downlink pacing: no version closes before this time (every link is free again)
+        self.next_version_at = 0.0
+        self._down_free_at: dict[str, float] = {}  # per agent: its downlink is free again
         self.last_record: RoundRecord | None = None
         self.loss: float | None = None
         self.accuracy: float | None = None
@@ -229,10 +232,12 @@ class RoundEngine:
         their steps need) as a retained state snapshot on ``cat/<job>/model``."""
         return self._down.snapshot(self.x, self.version, self.sum_h, self.family)
 
-    def charge_downlink(self, outbound: Sequence[_Sized]) -> None:
+    def charge_downlink(self, outbound: Sequence[_Sized], now: float | None = None) -> None:
         """Account what agents receive: every message published goes to every live agent
         (one topic namespace per job), priced on each one's downlink profile. The caller
-        passes exactly what it publishes (after merging)."""
+        passes exactly what it publishes (after merging), and the time it does (``now``:
+        with ``downlink_pacing`` the next version waits until every live agent's downlink
+        is free again, :func:`aggregator.broadcast.downlink_interval_s`)."""
         for o in outbound:
             size = len(o.payload)
             for info in self.agents.values():
@@ -240,6 +245,18 @@ class RoundEngine:
                     cost = self._pricer.down_cost(info.hello.profile, size)
                     info.down = info.down + cost
                     self.totals_down = self.totals_down + cost
+                    if now is not None and self.config.downlink_pacing:
+                        self._pace(info, size, now)
+
+    def _pace(self, info: AgentInfo, size: int, now: float) -> None:
+        """The agent's downlink is busy for one more message: its link is free again
+        after the message's interval; the next version waits for every live link."""
+        profile = self._pricer.profile(info.hello.profile)
+        if profile is not None:
+            free = self._down_free_at.get(info.agent, 0.0)
+            free = max(now, free) + downlink_interval_s(profile, size)
+            self._down_free_at[info.agent] = free
+            self.next_version_at = max(self.next_version_at, free)
 
     @property
     def broadcast_model(self) -> FloatArray:
@@ -523,7 +540,7 @@ class RoundEngine:
             self._opened_at = now
 
     def _maybe_close(self, now: float) -> Effects:
-        if self.state != "running" or not self._contrib:
+        if self.state != "running" or not self._contrib or now < self.next_version_at:
             return _NOTHING
         cfg = self.config
         if cfg.mode == "async":

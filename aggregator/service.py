@@ -381,7 +381,7 @@ class AggregatorService:
     def _publish(self, outbound: list[Outbound]) -> None:
         if outbound and self._engine is not None:
             with self._lock:  # what the agents receive, priced on their downlink profiles
-                self._engine.charge_downlink(outbound)
+                self._engine.charge_downlink(outbound, self._clock())
         for out in outbound:
             for t in self._transports:
                 try:

@@ -101,6 +101,11 @@ class Settings(BaseSettings):
         description="How agents follow the model: exact replicated steps, float64 deltas, "
         "or cat: a compressed broadcast with error feedback (docs/algorithm.md).",
     )
+    downlink_pacing: bool = Field(
+        True,
+        description="Space versions so no agent receives more downlinks than its profile "
+        "allows (daily cap, sender duty cycle); off only for loopback demos and tests.",
+    )
     snapshot_every: int = Field(
         50,
         ge=0,
@@ -210,6 +215,7 @@ class Settings(BaseSettings):
             snapshot_every=self.snapshot_every,
             ef21_step_factor=self.ef21_step_factor,
             downlink=self.downlink,
+            downlink_pacing=self.downlink_pacing,
         )
 
     def transport_options(self, url: str) -> dict[str, object]:

@@ -99,6 +99,15 @@ def _downlink_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _pacing_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--no-downlink-pacing",
+        action="store_true",
+        help="do not space versions by the agents' downlink caps and sender duty cycles "
+        "(AGG_DOWNLINK_PACING=false); sim_time_s then ignores them",
+    )
+
+
 def _run_arguments(p: argparse.ArgumentParser) -> None:
     r = p.add_argument_group("stopping and evaluation")
     r.add_argument("--max-rounds", type=int, default=2000, help="rounds per method at most")
@@ -134,6 +143,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _problem_arguments(parser)
     _fleet_arguments(parser)
     _downlink_arguments(parser)
+    _pacing_arguments(parser)
     _run_arguments(parser)
 
 
@@ -276,6 +286,7 @@ def _run(args: argparse.Namespace) -> int:
                     eval_every=args.eval_every,
                     progress=bar.update,
                     downlink=downlink,
+                    downlink_pacing=not args.no_downlink_pacing,
                 )
                 bar.end(res)
                 results.append(res)

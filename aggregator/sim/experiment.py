@@ -110,6 +110,7 @@ def open_fleet(
     step_size: float | None = None,
     ef21_step_factor: float = 0.5,
     downlink: str = "exact",
+    downlink_pacing: bool = True,
 ) -> FleetHarness:
     """The engine (full quorum, no deadline or liveness timeout) and one agent per shard,
     not started. Close the harness when done."""
@@ -123,6 +124,7 @@ def open_fleet(
             step_size=step_size,
             ef21_step_factor=ef21_step_factor,
             downlink=downlink,  # type: ignore[arg-type]
+            downlink_pacing=downlink_pacing,
             min_agents=fleet.agents,
             quorum_fraction=1.0,
             round_deadline_s=1e18,
@@ -338,6 +340,9 @@ def _train(
         down_before = _down_busy_s(harness.agents)
         version = engine.version
         harness.pump(strict=True)
+        if engine.version == version and engine.next_version_at > clock.now:
+            clock.now = engine.next_version_at  # downlink caps: wait until every link is free
+            harness.pump(strict=True)
         harness.deliver()
         clock.now += _slowest_s(_down_busy_s(harness.agents), down_before)
         if engine.version != version + 1:
@@ -357,6 +362,7 @@ def run_method(
     eval_every: int = 0,
     progress: ProgressFn | None = None,
     downlink: str = "exact",
+    downlink_pacing: bool = True,
 ) -> RunResult:
     """Train ``method`` on ``fleet`` until the smallest target or ``max_rounds``.
 
@@ -373,6 +379,7 @@ def run_method(
         step_size=step_size,
         ef21_step_factor=ef21_step_factor,
         downlink=downlink,
+        downlink_pacing=downlink_pacing,
     ) as harness:
         harness.start()
         harness.pump(strict=True)

@@ -146,7 +146,7 @@ class FleetHarness:
     def publish(self, *outbound: Publishable) -> None:
         """Publish engine output to the agents, in order."""
         if outbound:  # what every live agent receives, in the engine's accounts
-            self.engine.charge_downlink(outbound)
+            self.engine.charge_downlink(outbound, self.clock.now)
         for out in outbound:
             self.hub.publish(out.topic, out.payload, retain=out.retain)
 

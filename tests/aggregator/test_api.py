@@ -35,6 +35,7 @@ def make_settings(memory_url: str, data_dir: Path, **overrides: Any) -> Settings
         "data_dir": data_dir,
         "api_token": TOKEN,
         "tick_s": 0.02,
+        "downlink_pacing": False,  # real time: LoRaWAN's daily downlink cap is tested apart
     }
     values.update(overrides)
     return Settings(**values)

@@ -66,6 +66,7 @@ def make_settings(memory_url: str, data_dir: Path, **overrides: Any) -> Settings
         "transports": [memory_url],
         "data_dir": data_dir,
         "tick_s": 0.02,
+        "downlink_pacing": False,  # real time: LoRaWAN's daily downlink cap is tested apart
     }
     values.update(overrides)
     return Settings(**values)

@@ -706,3 +706,31 @@ def test_a_round_of_empty_updates_closes_without_changing_x(mode: str) -> None:
     assert eng.version == 1 and not eng.x.any()
     assert eng.rejected["internal_error"] == 0
     eng.tick(100.0)  # deadlines, liveness: must not raise
+
+
+def test_downlink_pacing_spaces_versions_by_every_live_agents_caps() -> None:
+    """A LoRaWAN agent may receive 10 downlinks a day: with pacing on, the next version
+    cannot close before its link has recovered from the last broadcast (a day / 10 per
+    downlink packet), even when everyone has reported; a link without caps adds nothing."""
+    from aggregator.broadcast import downlink_interval_s
+    from edge_agent.profiles import resolve_profile
+
+    eng = RoundEngine(
+        EngineConfig(job=JOB, d=D, step_size=GAMMA, downlink_pacing=True),
+        profiles=resolve_profile,
+    )
+    join(eng, "a", profile="lorawan_eu868_dr5_sf7")
+    eff = eng.handle(*upd("a", topk_update(G_A, 5)), 1.0)
+    assert eng.version == 1
+    eng.charge_downlink(eff.outbound, now=1.0)
+    size = sum(len(o.payload) for o in eff.outbound)
+    lora = resolve_profile("lorawan_eu868_dr5_sf7")
+    assert eng.next_version_at >= 1.0 + 86_400 / 10 - 1e-6
+    assert eng.next_version_at >= 1.0 + downlink_interval_s(lora, size) - 1e-6
+    eng.handle(*upd("a", topk_update(G_A, 5), round=1), 2.0)
+    assert eng.version == 1  # reported, but its link is still spent
+    eng.tick(eng.next_version_at - 1.0)
+    assert eng.version == 1
+    eng.tick(eng.next_version_at)
+    assert eng.version == 2
+    assert downlink_interval_s(resolve_profile("ble5_2m_dle_notify"), 1000) < 0.1

@@ -302,6 +302,9 @@ def aggregator_settings(
         "AGG_DATA_DIR": str(data_dir),
         "AGG_EVAL_DATA": str(problem.full),
         "AGG_MIN_AGENTS": str(len(problem.shards)),
+        # loopback traffic in real time: the LoRaWAN agent's daily downlink cap would space
+        # versions hours apart (the pacing has its own tests)
+        "AGG_DOWNLINK_PACING": "false",
     }
     env.update({f"AGG_{k.upper()}": str(v) for k, v in more.items()})
     return env
@@ -550,7 +553,7 @@ def service_settings(
         data_dir=data_dir,
         min_agents=len(problem.shards),
         tick_s=0.05,
-        **more,
+        **{"downlink_pacing": False, **more},
     )
 
 
