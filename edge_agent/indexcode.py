@@ -261,10 +261,14 @@ def _decode_small(raw: npt.NDArray[np.uint8], n: int, b: int, l: int, high_len: 
     return idx
 
 
-def decode_indices(buf: bytes | memoryview, offset: int, d: int, n: int) -> tuple[IntArray, int]:
-    """Decode n indices from buf[offset:]; return (indices, new offset). Validates everything."""
-    if n == 0:
-        return np.zeros(0, dtype=np.int64), offset
+def _block_body(
+    buf: bytes | memoryview, offset: int, d: int, n: int
+) -> tuple[npt.NDArray[np.uint8], int, int, int, int, int]:
+    """Read the code byte of the block at ``buf[offset]`` and locate its body.
+
+    Return (body bytes, b, l, high part bits, body bits, offset past the block) after
+    checking that the code is one the decoder accepts, that the body is all there and that
+    its padding bits are zero."""
     if offset >= len(buf):
         raise WireFormatError("truncated: index code byte missing")
     code = buf[offset]
@@ -283,16 +287,35 @@ def decode_indices(buf: bytes | memoryview, offset: int, d: int, n: int) -> tupl
     raw = np.frombuffer(buf, dtype=np.uint8, count=nbytes, offset=offset + 1)
     if total % 8 and raw[-1] >> (total % 8):
         raise WireFormatError("index block: padding bits are not zero")
-    if total <= _SMALL_BITS:
-        idx = _decode_small(raw, n, b, l, high_len)
-        top = int(idx[-1])
-        if top >= d:
-            raise WireFormatError(f"index {top} out of range for d={d}")
-        if n > 1 and not (idx[1:] > idx[:-1]).all():
-            raise WireFormatError("indices not strictly increasing")
-        return idx, end
-    # Only the high part is unpacked bit by bit (about 2.5 bits per index); the low part
-    # and the trit words are gathered straight from the bytes: memory stays proportionate.
+    return raw, b, l, high_len, total, end
+
+
+def _trits_large(raw: npt.NDArray[np.uint8], pos: int, n: int) -> IntArray:
+    """The ``n`` trits of a large block, from its trit words at bit ``pos``."""
+    full = n // TRITS_PER_WORD
+    rest = n - full * TRITS_PER_WORD
+    trits = np.empty(n, dtype=np.int64)
+    if full:
+        w = _read_words(raw, pos, full, 64)
+        pos += 64 * full
+        if (w >= np.uint64(3**TRITS_PER_WORD)).any():
+            raise WireFormatError("index block: trit word out of range")
+        digits = (w[:, None] // _POW3[None, :]) % np.uint64(3)
+        trits[: full * TRITS_PER_WORD] = digits.ravel().astype(np.int64)
+    if rest:
+        width = int(_TRIT_BITS[rest])
+        last = int(_read_words(raw, pos, 1, width)[0]) if width else 0
+        if last >= 3**rest:
+            raise WireFormatError("index block: trit word out of range")
+        trits[full * TRITS_PER_WORD :] = (last // _POW3[:rest].astype(np.int64)) % 3
+    return trits
+
+
+def _decode_large(raw: npt.NDArray[np.uint8], n: int, b: int, l: int, high_len: int) -> IntArray:
+    """:func:`decode_indices` for a block of more than ``_SMALL_BITS`` bits.
+
+    Only the high part is unpacked bit by bit (about 2.5 bits per index); the low part and
+    the trit words are gathered straight from the bytes: memory stays proportionate."""
     high = np.unpackbits(raw[: (high_len + 7) // 8], bitorder="little")[:high_len]
     ones = high.view(np.bool_).nonzero()[0]  # (13x faster than on uint8)
     del high
@@ -304,28 +327,26 @@ def decode_indices(buf: bytes | memoryview, offset: int, d: int, n: int) -> tupl
     r = _read_words(raw, pos, n, l).view(np.int64) if l else np.zeros(n, dtype=np.int64)
     pos += n * l
     if b == 3:
-        full = n // TRITS_PER_WORD
-        rest = n - full * TRITS_PER_WORD
-        trits = np.empty(n, dtype=np.int64)
-        if full:
-            w = _read_words(raw, pos, full, 64)
-            pos += 64 * full
-            if (w >= np.uint64(3**TRITS_PER_WORD)).any():
-                raise WireFormatError("index block: trit word out of range")
-            digits = (w[:, None] // _POW3[None, :]) % np.uint64(3)
-            trits[: full * TRITS_PER_WORD] = digits.ravel().astype(np.int64)
-        if rest:
-            width = int(_TRIT_BITS[rest])
-            last = int(_read_words(raw, pos, 1, width)[0]) if width else 0
-            if last >= 3**rest:
-                raise WireFormatError("index block: trit word out of range")
-            trits[full * TRITS_PER_WORD :] = (last // _POW3[:rest].astype(np.int64)) % 3
-        r |= trits << l
+        r |= _trits_large(raw, pos, n) << l
     idx = q
-    idx *= m
+    idx *= b << l
     idx += r
-    if idx[-1] >= d:
-        raise WireFormatError(f"index {int(idx[-1])} out of range for d={d}")
+    return idx
+
+
+def decode_indices(buf: bytes | memoryview, offset: int, d: int, n: int) -> tuple[IntArray, int]:
+    """Decode n indices from buf[offset:]; return (indices, new offset). Validates everything."""
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), offset
+    raw, b, l, high_len, total, end = _block_body(buf, offset, d, n)
+    if total <= _SMALL_BITS:
+        idx = _decode_small(raw, n, b, l, high_len)
+    else:
+        idx = _decode_large(raw, n, b, l, high_len)
+    # (inline, not a helper: a call costs ~3 % of decoding a typical block of 100 indices)
+    top = int(idx[-1])
+    if top >= d:
+        raise WireFormatError(f"index {top} out of range for d={d}")
     if n > 1 and not (idx[1:] > idx[:-1]).all():
         raise WireFormatError("indices not strictly increasing")
     return idx, end
@@ -416,6 +437,108 @@ def decode_blocks(bodies: Sequence[bytes], layouts: Sequence[BlockLayout]) -> li
     return out
 
 
+def _pass_ones(
+    raw: npt.NDArray[np.uint8], start: IntArray, high: IntArray
+) -> tuple[IntArray, IntArray, IntArray]:
+    """The high parts of a pass: (positions of their ones in the gathered high bytes, the
+    first byte of each block's high part there, the count of ones per block)."""
+    hbytes = (high + 7) >> 3
+    hend = np.cumsum(hbytes)
+    hstart = hend - hbytes
+    gather = np.arange(int(hend[-1]), dtype=np.int64)
+    gather += np.repeat(start - hstart, hbytes)
+    hb = raw[gather]
+    del gather
+    hb[hend - 1] &= _USED_MASKS[high & 7]
+    ones = np.unpackbits(hb, bitorder="little").view(np.bool_).nonzero()[0]
+    del hb
+    counts = np.diff(np.searchsorted(ones, 8 * hend), prepend=0)
+    return ones, hstart, counts
+
+
+def _pass_low_bits(
+    words: npt.NDArray[np.uint64],
+    ar: IntArray,
+    low_start: IntArray,
+    nstart: IntArray,
+    n: IntArray,
+    l: IntArray,
+    l_rep: IntArray | None,
+) -> IntArray:
+    """The low bits of every index of a pass: l per index, from the unaligned 64-bit word
+    at its bit position (``l_rep`` is None when every block has the same l)."""
+    l0 = int(l[0])
+    if l_rep is None and l0 == 0:
+        return np.zeros(ar.size, dtype=np.int64)
+    pos = ar * l0 if l_rep is None else ar * l_rep
+    pos += np.repeat(low_start - nstart * l, n)
+    w = np.take(words, pos >> 3)
+    pos &= 7
+    w >>= pos.view(np.uint64)
+    del pos
+    if l_rep is None:
+        w &= np.uint64((1 << l0) - 1)
+    else:
+        w &= np.repeat(((1 << l) - 1).view(np.uint64), n)
+    r: IntArray = w.view(np.int64)
+    return r
+
+
+def _pass_trits(
+    words: npt.NDArray[np.uint64],
+    padded: npt.NDArray[np.uint8],
+    trit_start: IntArray,
+    n3: IntArray,
+    ok: npt.NDArray[np.bool_],
+) -> IntArray:
+    """The trits of the blocks with b = 3 (the first ``n3.size`` of a pass), in index order.
+
+    Their trit words (64 bits of 40 trits, the last one shorter) start at bit
+    ``trit_start``; a block with a word out of range is marked False in ``ok``."""
+    nw = (n3 + TRITS_PER_WORD - 1) // TRITS_PER_WORD
+    wend = np.cumsum(nw)
+    nwords = int(wend[-1])
+    tpos = np.arange(nwords, dtype=np.int64)
+    tpos *= 64
+    tpos += np.repeat(trit_start - 64 * (wend - nw), nw)
+    byte = tpos >> 3
+    shift = (tpos & 7).view(np.uint64)
+    tw = np.take(words, byte) >> shift
+    # the ninth byte supplies the top `shift` bits ((x << 64 - 0) would be undefined)
+    tw |= (np.take(padded, byte + 8).astype(np.uint64) << np.uint64(1)) << (np.uint64(63) - shift)
+    limit = np.full(nwords, _TRIT_LIMIT, dtype=np.uint64)
+    used = np.full(nwords, TRITS_PER_WORD, dtype=np.int64)
+    rest = n3 % TRITS_PER_WORD
+    part = np.flatnonzero(rest)
+    if part.size:
+        last = wend[part] - 1
+        tw[last] &= _TRIT_MASKS[rest[part]]
+        limit[last] = _POW3[rest[part]]
+        used[last] = rest[part]
+    bad = np.flatnonzero(tw >= limit)
+    if bad.size:
+        ok[np.searchsorted(wend, bad, side="right")] = False
+        tw[bad] = 0  # (their blocks are rejected; keep the digits below in range)
+    chunks = np.empty((nwords, 8), dtype=np.uint64)
+    for c in range(8):
+        nxt = tw // _TRIT_CHUNK
+        chunks[:, c] = tw - nxt * _TRIT_CHUNK
+        tw = nxt
+    digits = np.take(_TRITS5, chunks.view(np.int64)).view(np.uint8)  # (nwords, 40)
+    trits: IntArray = digits[_DIGIT[None, :] < used[:, None]].astype(np.int64)
+    return trits
+
+
+def _pass_check_order(idx: IntArray, nend: IntArray, ok: npt.NDArray[np.bool_]) -> None:
+    """Mark False in ``ok`` every block whose indices do not strictly increase."""
+    if idx.size > 1:
+        down = idx[1:] <= idx[:-1]
+        down[nend[:-1] - 1] = False  # across two blocks
+        bad = np.flatnonzero(down)
+        if bad.size:
+            ok[np.searchsorted(nend, bad, side="right")] = False
+
+
 def _decode_pass(
     bodies: Sequence[bytes],
     layouts: Sequence[BlockLayout],
@@ -441,17 +564,7 @@ def _decode_pass(
     ok &= (raw[end - 1] & _PAD_MASKS[bits & 7]) == 0
 
     # high parts: the positions of the ones, block by block
-    hbytes = (high + 7) >> 3
-    hend = np.cumsum(hbytes)
-    hstart = hend - hbytes
-    gather = np.arange(int(hend[-1]), dtype=np.int64)
-    gather += np.repeat(start - hstart, hbytes)
-    hb = raw[gather]
-    del gather
-    hb[hend - 1] &= _USED_MASKS[high & 7]
-    ones = np.unpackbits(hb, bitorder="little").view(np.bool_).nonzero()[0]
-    del hb
-    counts = np.diff(np.searchsorted(ones, 8 * hend), prepend=0)
+    ones, hstart, counts = _pass_ones(raw, start, high)
     if not (counts == n).all():
         del ones
         good = [rows[j] for j in np.flatnonzero(counts == n).tolist()]
@@ -466,69 +579,21 @@ def _decode_pass(
     q -= ar
     q -= np.repeat(8 * hstart - nstart, n)
 
-    # low bits: l per index, from the 64-bit word at its bit position
+    # low bits, read through an unaligned 64-bit view of the (padded) stream
     padded = np.zeros(raw.size + 16, dtype=np.uint8)
     padded[: raw.size] = raw
     words = np.ndarray((raw.size + 8,), dtype=np.dtype("<u8"), buffer=padded, strides=(1,))
     low_start = 8 * start + high
-    l0 = int(l[0])
-    uniform = bool((l == l0).all())
-    l_rep: IntArray | None = None if uniform else np.repeat(l, n)
-    if uniform and l0 == 0:
-        r = np.zeros(total, dtype=np.int64)
-    else:
-        pos = ar * l0 if l_rep is None else ar * l_rep
-        pos += np.repeat(low_start - nstart * l, n)
-        w = np.take(words, pos >> 3)
-        pos &= 7
-        w >>= pos.view(np.uint64)
-        del pos
-        if l_rep is None:
-            w &= np.uint64((1 << l0) - 1)
-        else:
-            w &= np.repeat(((1 << l) - 1).view(np.uint64), n)
-        r = w.view(np.int64)
+    l_rep: IntArray | None = None if bool((l == l[0]).all()) else np.repeat(l, n)
+    r = _pass_low_bits(words, ar, low_start, nstart, n, l, l_rep)
     del ar
 
-    # trits (the first k3 blocks): 64-bit words of 40 trits, the last one shorter
+    # trits (the first k3 blocks)
     k3 = int(np.count_nonzero(b == 3))
     if k3:
-        n3 = n[:k3]
-        nw = (n3 + TRITS_PER_WORD - 1) // TRITS_PER_WORD
-        wend = np.cumsum(nw)
-        nwords = int(wend[-1])
-        tpos = np.arange(nwords, dtype=np.int64)
-        tpos *= 64
-        tpos += np.repeat(low_start[:k3] + n3 * l[:k3] - 64 * (wend - nw), nw)
-        byte = tpos >> 3
-        shift = (tpos & 7).view(np.uint64)
-        tw = np.take(words, byte) >> shift
-        # the ninth byte supplies the top `shift` bits ((x << 64 - 0) would be undefined)
-        tw |= (np.take(padded, byte + 8).astype(np.uint64) << np.uint64(1)) << (
-            np.uint64(63) - shift
-        )
-        limit = np.full(nwords, _TRIT_LIMIT, dtype=np.uint64)
-        used = np.full(nwords, TRITS_PER_WORD, dtype=np.int64)
-        rest = n3 % TRITS_PER_WORD
-        part = np.flatnonzero(rest)
-        if part.size:
-            last = wend[part] - 1
-            tw[last] &= _TRIT_MASKS[rest[part]]
-            limit[last] = _POW3[rest[part]]
-            used[last] = rest[part]
-        bad = np.flatnonzero(tw >= limit)
-        if bad.size:
-            ok[np.searchsorted(wend, bad, side="right")] = False
-            tw[bad] = 0  # (their blocks are rejected; keep the digits below in range)
-        chunks = np.empty((nwords, 8), dtype=np.uint64)
-        for c in range(8):
-            nxt = tw // _TRIT_CHUNK
-            chunks[:, c] = tw - nxt * _TRIT_CHUNK
-            tw = nxt
-        digits = np.take(_TRITS5, chunks.view(np.int64)).view(np.uint8)  # (nwords, 40)
-        trits = digits[_DIGIT[None, :] < used[:, None]].astype(np.int64)
         n_3 = int(nend[k3 - 1])
-        r[:n_3] |= trits << (l0 if l_rep is None else l_rep[:n_3])
+        trits = _pass_trits(words, padded, low_start[:k3] + n[:k3] * l[:k3], n[:k3], ok)
+        r[:n_3] |= trits << (int(l[0]) if l_rep is None else l_rep[:n_3])
 
     idx = q
     m = b << l
@@ -536,12 +601,7 @@ def _decode_pass(
     idx += r
     del r
     ok &= idx[nend - 1] < d
-    if total > 1:
-        down = idx[1:] <= idx[:-1]
-        down[nend[:-1] - 1] = False  # across two blocks
-        bad = np.flatnonzero(down)
-        if bad.size:
-            ok[np.searchsorted(nend, bad, side="right")] = False
+    _pass_check_order(idx, nend, ok)
     for i, s, e, good_row in zip(rows, nstart.tolist(), nend.tolist(), ok.tolist(), strict=True):
         if good_row:
             out[i] = idx[s:e]
