@@ -33,7 +33,7 @@ import json
 import os
 import sys
 from abc import abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal, TypeAlias, overload
@@ -51,10 +51,10 @@ from pydantic import (
     ValidationError,
     model_validator,
 )
-from pydantic_core import ErrorDetails
 
 from edge_agent.cost import METRICS, Cost, Direction, Metric
 from edge_agent.errors import ProfileError
+from edge_agent.profile_errors import ProfileSchema, profile_error
 
 __all__ = [
     "METRICS",
@@ -518,78 +518,7 @@ _NESTED_MODELS: Final[dict[str, type[BaseModel]]] = {
     "points": MeasuredPoint,
     "coefficients": AffineCoefficients,
 }
-
-
-# --- error messages -------------------------------------------------------------------
-
-
-def _field_names(model: type[BaseModel]) -> list[str]:
-    return list(model.model_fields)
-
-
-def _loc_path(loc: Sequence[int | str]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else part
-    return out
-
-
-def _short(value: object, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _describe(error: ErrorDetails) -> str:
-    """One pydantic error as ``field: what is allowed, got X``."""
-    loc = list(error["loc"])
-    kind_model: type[BaseModel] | None = None
-    head = loc[0] if loc else None
-    if isinstance(head, str) and head in _KIND_MODELS:
-        kind_model = _KIND_MODELS[head]
-        loc.pop(0)
-    etype, ctx, got = error["type"], error.get("ctx", {}), _short(error.get("input"))
-    if loc and loc[-1] == "[key]":  # a bad key in a metric map, e.g. per_byte
-        field = _loc_path(loc[:-2])
-        return f"{field}: key {loc[-2]!r} must be one of {', '.join(map(repr, METRICS))}"
-    field = _loc_path(loc)
-    if etype == "value_error":
-        return str(ctx.get("error", error["msg"]))
-    if etype in ("union_tag_invalid", "union_tag_not_found"):
-        allowed = ", ".join(repr(k) for k in KINDS)
-        raw = error.get("input")
-        shown = f", got {raw.get('kind')!r}" if isinstance(raw, dict) and "kind" in raw else ""
-        return f"kind must be one of {allowed}{shown}"
-    if etype == "extra_forbidden":
-        model: type[BaseModel] | None = kind_model if len(loc) == 1 else None
-        parents = [p for p in loc[:-1] if isinstance(p, str)]
-        if len(loc) > 1 and parents and parents[-1] in _NESTED_MODELS:
-            model = _NESTED_MODELS[parents[-1]]
-        allowed = f"; allowed fields: {', '.join(_field_names(model))}" if model else ""
-        return f"{field}: unknown field{allowed}"
-    if etype == "missing":
-        return f"{field}: required field is missing"
-    bounds = {
-        "greater_than": ("> ", "gt"),
-        "greater_than_equal": (">= ", "ge"),
-        "less_than": ("< ", "lt"),
-        "less_than_equal": ("<= ", "le"),
-    }
-    if etype in bounds:
-        op, key = bounds[etype]
-        return f"{field} must be {op}{ctx.get(key)}, got {got}"
-    if etype == "literal_error" or etype == "enum":
-        return f"{field} must be one of {ctx.get('expected')}, got {got}"
-    return f"{field}: {error['msg'][0].lower()}{error['msg'][1:]}, got {got}"
-
-
-def _profile_error(source: str, exc: ValidationError) -> ProfileError:
-    lines = [_describe(e) for e in exc.errors(include_url=False)]
-    if len(lines) == 1:
-        return ProfileError(f"profile {source}: {lines[0]}")
-    return ProfileError(f"profile {source}: {len(lines)} errors: " + "; ".join(lines))
+_SCHEMA: Final = ProfileSchema(KINDS, _KIND_MODELS, _NESTED_MODELS)
 
 
 # --- building, loading, saving ----------------------------------------------------------
@@ -610,7 +539,7 @@ def parse_profile(data: Mapping[str, Any], source: str = "<data>") -> CostProfil
     try:
         return _ANY_PROFILE.validate_python(dict(data))
     except ValidationError as exc:
-        raise _profile_error(source, exc) from None
+        raise profile_error(source, exc, _SCHEMA) from None
 
 
 def load_profile(path: str | Path) -> CostProfile:
