@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 import numpy as np
@@ -70,6 +70,24 @@ class _Stop:
 
 
 _STOP = _Stop()
+
+
+@dataclass
+class _Applied:
+    """What one batch did to the engine: to journal, persist, publish and answer."""
+
+    entries: list[JournalEntry] = field(default_factory=list)
+    outbound: list[Outbound] = field(default_factory=list)
+    records: list[RoundRecord] = field(default_factory=list)
+    done: list[tuple[Future[Effects], Effects]] = field(default_factory=list)
+    changed: bool = False  # some input changed the state: checkpoint now
+
+    def add(self, eff: Effects) -> None:
+        """Collect what one input (or the tick) produced, in input order."""
+        self.outbound.extend(eff.outbound)
+        self.changed = self.changed or eff.changed
+        if eff.committed is not None:
+            self.records.append(eff.committed)
 
 
 def build_evaluator(settings: Settings) -> Evaluator | None:
@@ -318,53 +336,53 @@ class AggregatorService:
     def _process(self, batch: list[Message | _Command]) -> None:
         assert self._engine is not None and self._store is not None
         eng = self._engine
-        entries: list[JournalEntry] = []
-        outbound: list[Outbound] = []
-        records: list[RoundRecord] = []
-        done: list[tuple[Future[Effects], Effects]] = []
-        checkpoint = False
         decoded = _decode_updates(batch)  # outside the lock: readers need not wait for it
         with self._lock:
-            for i, item in enumerate(batch):
-                now = self._clock()
-                if isinstance(item, _Command):
-                    eff = eng.control(item.cmd, now)
-                    if eff.changed:
-                        entries.append(JournalEntry("control", now, item.cmd))
-                    done.append((item.future, eff))
-                else:
-                    eff = eng.handle(item.topic, item.payload, now, decoded=decoded[i])
-                    if eff.journal:
-                        entries.append(JournalEntry("msg", now, item.topic, item.payload))
-                outbound.extend(eff.outbound)
-                checkpoint = checkpoint or eff.changed
-                if eff.committed is not None:
-                    records.append(eff.committed)
-            now = self._clock()
-            eff = eng.tick(now)
-            if eff.journal:
-                entries.append(JournalEntry("tick", now))
-            outbound.extend(eff.outbound)
-            if eff.committed is not None:
-                records.append(eff.committed)
-            self._charge_dense_down(eng, records)
-            self._uncheckpointed += len(records)
-            checkpoint = (
-                checkpoint or eff.changed or self._uncheckpointed >= self.settings.checkpoint_every
-            )
+            applied = self._apply(eng, batch, decoded)
+            self._charge_dense_down(eng, applied.records)
+            self._uncheckpointed += len(applied.records)
+            checkpoint = applied.changed or self._uncheckpointed >= self.settings.checkpoint_every
             snap = eng.export() if checkpoint else None
-            agents = [a.copy() for a in eng.agents.values()] if records else []
-            rejected = dict(eng.rejected) if records else None
+            agents = [a.copy() for a in eng.agents.values()] if applied.records else []
+            rejected = dict(eng.rejected) if applied.records else None
         # inputs and the history rows they produced: one transaction, then the checkpoint
-        hwm = self._store.commit(entries, records, agents=agents, rejected=rejected)
+        hwm = self._store.commit(applied.entries, applied.records, agents=agents, rejected=rejected)
         if snap is not None:
             self._store.write_checkpoint(snap, hwm)
             self._uncheckpointed = 0
-        self._publish(merge_deltas(outbound))
-        for fut, result in done:
+        self._deliver(applied)
+
+    def _apply(
+        self, eng: RoundEngine, batch: list[Message | _Command], decoded: list[Decoded | None]
+    ) -> _Applied:
+        """Step 1 (under the lock): each message / command of the batch, then a tick."""
+        applied = _Applied()
+        for i, item in enumerate(batch):
+            now = self._clock()
+            if isinstance(item, _Command):
+                eff = eng.control(item.cmd, now)
+                if eff.changed:
+                    applied.entries.append(JournalEntry("control", now, item.cmd))
+                applied.done.append((item.future, eff))
+            else:
+                eff = eng.handle(item.topic, item.payload, now, decoded=decoded[i])
+                if eff.journal:
+                    applied.entries.append(JournalEntry("msg", now, item.topic, item.payload))
+            applied.add(eff)
+        now = self._clock()
+        eff = eng.tick(now)
+        if eff.journal:
+            applied.entries.append(JournalEntry("tick", now))
+        applied.add(eff)
+        return applied
+
+    def _deliver(self, applied: _Applied) -> None:
+        """Step 4 (once durable): publish, answer the commands, tell the round observer."""
+        self._publish(merge_deltas(applied.outbound))
+        for fut, result in applied.done:
             fut.set_result(result)
         if self._observer is not None:
-            for rec in records:
+            for rec in applied.records:
                 try:
                     self._observer(rec)
                 except Exception:
