@@ -147,7 +147,8 @@ def test_replicas_stay_bit_identical_through_missed_downlinks_and_a_restart(
         diagnose=lambda: f"counters {deaf.agent.counters}",
     )
     c = deaf.agent.counters
-    assert deaf.transport.missed >= 3, "the deaf agent should have missed downlinks"
+    # a batch of versions may go out as one merged message: at least one was missed
+    assert deaf.transport.missed >= 1, "the deaf agent should have missed downlinks"
     assert c.dropped.get("version_gap", 0) >= 1, c
     assert c.requests >= before[0] + 1, c
     assert c.snapshots == before[1], f"caught up by snapshot, not merged steps: {c}"
