@@ -16,6 +16,7 @@ from aggregator.sim.experiment import DEFAULT_TARGETS, METRICS, RunResult, run_m
 from aggregator.sim.methods import Method, parse_method
 from aggregator.sim.problem import Fleet, Problem, build_fleet, build_problem
 from aggregator.sim.report import (
+    DIRECTIONS,
     ProgressBar,
     plot_results,
     plot_unavailable,
@@ -128,6 +129,11 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--json", metavar="FILE", help="write the per-(method, target) records")
     o.add_argument("--plot", metavar="FILE.png", help="plot suboptimality vs cumulative cost")
     o.add_argument("--plot-metric", choices=METRICS, help="x axis (default: profile objective)")
+    o.add_argument(
+        "--plot-directions",
+        default="up",
+        help="comma list of panels per fleet: up (sent), down (received), total",
+    )
     o.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
@@ -222,6 +228,9 @@ def _prepare(
     """Validate the flags, build the problem (solves f*) and the fleets. ValueError etc."""
     targets = _targets(args.targets)
     _downlinks(args.downlink)
+    bad = {d.strip() for d in args.plot_directions.split(",")} - set(DIRECTIONS)
+    if bad:
+        raise ValueError(f"--plot-directions: {sorted(bad)}; use up, down and/or total")
     plan = make_plan(args)
     if any(c.max_rounds < 1 for c in plan.cases):
         raise ValueError(f"--max-rounds must be >= 1, got {args.max_rounds}")
@@ -294,7 +303,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.json:
         write_json(results, targets, args.json)
     if args.plot:
-        plot_results(results, args.plot, metric=args.plot_metric, targets=targets)
+        directions = [d.strip() for d in args.plot_directions.split(",") if d.strip()]
+        plot_results(
+            results, args.plot, metric=args.plot_metric, targets=targets, directions=directions
+        )
     return 0
 
 

@@ -220,12 +220,26 @@ def _plot_points(n: int, limit: int = 1500) -> npt.NDArray[np.int64]:
     return np.unique(np.geomspace(1, n - 1, num=limit).astype(np.int64))
 
 
+#: what a panel's x axis counts: what the agents sent, received, or both
+DIRECTIONS: Final[tuple[str, ...]] = ("up", "down", "total")
+
+
+def _series(r: RunResult, m: str, direction: str) -> npt.NDArray[np.float64]:
+    """The cumulative cost ``m`` of ``direction`` at every round of ``r``."""
+    up = np.asarray(r.trace.cost[m], dtype=np.float64)
+    down = np.array([c.metric(m) for c in r.trace.down], dtype=np.float64)
+    if direction == "up":
+        return up
+    return down if direction == "down" else up + down
+
+
 def _plot_fleet(ax: Any, label: str, group: Sequence[RunResult], metric: str | None,
-                targets: Sequence[float], colors: Sequence[Any]) -> None:  # fmt: skip
+                targets: Sequence[float], colors: Sequence[Any],
+                direction: str = "up") -> None:  # fmt: skip
     """One panel: suboptimality vs cumulative cost, one line per method (dashed: static T)."""
     m = _metric_for(group[0].fleet, metric)
     for i, r in enumerate(group):
-        cost = np.asarray(r.trace.cost[m], dtype=np.float64)
+        cost = _series(r, m, direction)
         sub = np.asarray(r.trace.subopt, dtype=np.float64)
         keep = _plot_points(cost.size)
         style = "--" if r.method.spec.startswith(("topk:", "signtopk:", "randk:")) else "-"
@@ -234,14 +248,15 @@ def _plot_fleet(ax: Any, label: str, group: Sequence[RunResult], metric: str | N
             sub[keep],
             style,
             color=colors[(2 * i) % 20 + (2 * i) // 20 % 2],
-            label=r.method.spec,
+            label=r.method.spec if r.downlink == "exact" else f"{r.method.spec} [{r.downlink}]",
             linewidth=1.2,
         )
     for eps in targets:
         ax.axhline(eps, color="grey", linewidth=0.5, linestyle=":")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel(f"cumulative {m} (all agents, updates)")
+    what = {"up": "sent (updates)", "down": "received", "total": "sent + received"}[direction]
+    ax.set_xlabel(f"cumulative {m}, all agents, {what}")
     ax.set_ylabel("(f - f*) / (f(x0) - f*)")
     ax.set_title("\n".join(textwrap.wrap(label, 60)), fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
@@ -254,8 +269,10 @@ def plot_results(
     *,
     metric: str | None = None,
     targets: Sequence[float] = DEFAULT_TARGETS,
+    directions: Sequence[str] = ("up",),
 ) -> None:
-    """Suboptimality vs cumulative cost, one panel per fleet, one line per method (log-log).
+    """Suboptimality vs cumulative cost, one row per fleet, one panel per direction
+    (``up``, ``down``, ``total``), one line per method (log-log).
 
     ``metric``: the x axis (default: the fleet's profile objective, airtime if mixed).
     Needs matplotlib (check :func:`plot_unavailable` first).
@@ -266,13 +283,14 @@ def plot_results(
     import matplotlib.pyplot as plt
 
     fleets = _by_fleet(results)
-    n = len(fleets)
-    ncols = 2 if n > 1 else 1
+    panels = [(label, group, d) for label, group in fleets.items() for d in directions]
+    n = len(panels)
+    ncols = len(directions) if len(directions) > 1 else (2 if n > 1 else 1)
     nrows = math.ceil(n / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(7 * ncols, 5 * nrows), squeeze=False)
     colors = plt.get_cmap("tab20").colors  # type: ignore[attr-defined]
-    for ax, (label, group) in zip(axes.flat, fleets.items(), strict=False):
-        _plot_fleet(ax, label, group, metric, targets, colors)
+    for ax, (label, group, direction) in zip(axes.flat, panels, strict=False):
+        _plot_fleet(ax, label, group, metric, targets, colors, direction)
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
     fig.tight_layout()
