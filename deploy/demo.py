@@ -276,6 +276,13 @@ def main() -> int:
     )
     ap.add_argument("--max-rounds", type=int, default=5000)
     ap.add_argument(
+        "--downlink",
+        default="cat",
+        choices=["exact", "delta", "cat"],
+        help="how the aggregator broadcasts the model (AGG_DOWNLINK): cat, a compressed change "
+        "with error feedback, costs the fleet the least to receive",
+    )
+    ap.add_argument(
         "--feedback",
         default="ef21",
         choices=["none", "ef", "ef21"],
@@ -335,6 +342,7 @@ def main() -> int:
             # the radios are modelled and the traffic is loopback: downlink caps (a LoRaWAN
             # network's 10 a day) are accounted, not waited for, like the duty cycles
             "AGG_DOWNLINK_PACING": "false",
+            "AGG_DOWNLINK": args.downlink,
             "AGG_QUORUM_FRACTION": "1.0",
             "AGG_ROUND_DEADLINE_S": "10",
             "AGG_TARGET_LOSS": repr(target_loss),
