@@ -33,6 +33,7 @@ Simulated time: the rounds are lockstep, so each round lasts as long as its slow
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -46,7 +47,7 @@ from aggregator.sim.harness import FleetHarness
 from aggregator.sim.methods import Method
 from aggregator.sim.problem import Fleet, Problem, agent_seed
 from edge_agent.agent import Agent, AgentConfig, RoundLog
-from edge_agent.cost import ZERO, Cost
+from edge_agent.cost import COST_FIELDS, ZERO, Cost
 from edge_agent.indexcode import index_bytes
 from edge_agent.wire import encoded_size
 
@@ -208,6 +209,8 @@ class _Book:
         self.pending = sorted(set(targets), reverse=True)  # largest first
         self.base = {m: _ledger_sum(agents, m) for m in METRICS}  # control messages at start
         self.control = _control_messages(agents)
+        self.down_at_start = Cost.sum(a.ledger.down for a in agents)  # after harness.deliver
+        self.charged_at_start = ZERO
         rows = np.array([s.n_rows for s in fleet.shards], dtype=np.float64)
         self.weights = rows / rows.sum()
         self.gap0 = problem.f0 - problem.f_star
@@ -294,10 +297,23 @@ def _updates_of_round(harness: FleetHarness, k: int) -> list[RoundLog]:
 
 
 def _check_end(harness: FleetHarness, book: _Book, method: Method) -> bool:
-    """No control message after the start; every agent holds the engine's x bit for bit
+    """No control message after the start; what the agents received is what the engine
+    charged them; every agent holds the engine's broadcast model bit for bit
     (returns True; the protocol guarantees identical copies, so drift raises)."""
     if _control_messages(harness.agents) != book.control:
         raise RuntimeError("agents sent control messages after the start (resends?)")
+    # since the start (an agent that has not said hello yet receives the answers to the
+    # others' hellos, which the engine cannot charge to an agent it does not know)
+    received = Cost.sum(a.ledger.down for a in harness.agents) - book.down_at_start
+    charged = harness.engine.totals_down - book.charged_at_start
+    same = all(
+        math.isclose(received.metric(f), charged.metric(f), rel_tol=1e-9, abs_tol=1e-12)
+        for f in COST_FIELDS
+    )  # floats summed in another order
+    if not same:
+        raise RuntimeError(
+            f"{method}: the agents received {received}, the engine charged {charged}"
+        )
     x = harness.engine.broadcast_model
     models_equal = all(a.x is not None and np.array_equal(a.x, x) for a in harness.agents)
     if not models_equal:
@@ -383,7 +399,9 @@ def run_method(
     ) as harness:
         harness.start()
         harness.pump(strict=True)
+        harness.deliver()  # the answers to the hellos: the start, on both sides
         book = _Book(problem, fleet, harness.agents, targets)
+        book.charged_at_start = harness.engine.totals_down
         if method.compressor == "dense":
             book.price_dense_downlink(fleet, problem.model.d)
         k, stop_reason, f_k = _train(
