@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import numpy as np
+import numpy.typing as npt
 from _common import emit, environment, parser
 
 from aggregator.sim.experiment import open_fleet
@@ -47,11 +48,12 @@ from edge_agent import topics
 from edge_agent.agent import Agent
 from edge_agent.compressors import compress
 from edge_agent.data import make_rcv1_like
-from edge_agent.downlink import decode_downlink
+from edge_agent.downlink import Add, Move, Steps, decode_downlink
+from edge_agent.indexcode import decode_indices, encode_indices
 from edge_agent.models import make_model
 from edge_agent.replica import Replica
 from edge_agent.selection import make_price
-from edge_agent.wire import encode
+from edge_agent.wire import Delta, encode
 
 BENCH: Final = "downlink"
 PROFILES: Final = (
@@ -61,6 +63,7 @@ PROFILES: Final = (
     "nbiot_udp_psm_rai",
 )
 STAGES: Final = ("select", "compress", "encode")
+IntArray = npt.NDArray[np.int64]
 
 
 @dataclass
@@ -77,6 +80,8 @@ class Samples:
     sizes: list[int] = field(default_factory=list)
     kinds: list[str] = field(default_factory=list)
     ops: list[int] = field(default_factory=list)
+    indices: list[int] = field(default_factory=list)
+    index_decode: list[float] = field(default_factory=list)
     update_bytes: list[int] = field(default_factory=list)
 
 
@@ -126,7 +131,28 @@ def time_downlink(probe: Agent, payload: bytes, repeats: int, s: Samples) -> Rep
     s.sizes.append(len(payload))
     s.kinds.append(type(msg).__name__)
     s.ops.append(len(getattr(msg, "ops", ())))
+    if isinstance(msg, Steps | Delta):
+        index_decode_time(msg, repeats, s)
     return copy
+
+
+def index_decode_time(msg: Steps | Delta, repeats: int, s: Samples) -> None:
+    """Where decode's time goes: the same index blocks decoded alone
+    (:func:`edge_agent.indexcode.decode_indices`, one call per relayed update or delta)."""
+    parts: list[tuple[IntArray | None, int]]
+    if isinstance(msg, Delta):
+        parts = [(msg.indices, msg.d)]
+    else:
+        parts = [(op.update.indices, msg.d) for op in msg.ops if isinstance(op, Add | Move)]
+    blocks = [(encode_indices(i, d), d, i.size) for i, d in parts if i is not None and i.size]
+    runs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for block, d, t in blocks:
+            decode_indices(block, 0, d, t)
+        runs.append(time.perf_counter() - t0)
+    s.indices.append(sum(t for _, _, t in blocks))
+    s.index_decode.append(statistics.median(runs))
 
 
 def time_uplink(probe: Agent, repeats: int, s: Samples) -> None:
@@ -244,7 +270,14 @@ def summarise(s: Samples) -> dict[str, Any]:
             "bytes": statistics.median(s.sizes),
             "bytes_max": max(s.sizes),
             "ops": statistics.median(s.ops),
+            "indices": statistics.median(s.indices) if s.indices else 0,
         },
+        "index_decode_ms": ms(s.index_decode) if s.index_decode else None,
+        "decode_ns_per_index": (
+            1e9 * statistics.median(s.decode) / statistics.median(s.indices)
+            if s.indices and statistics.median(s.indices)
+            else None
+        ),
         "update_bytes": statistics.median(s.update_bytes),
     }
 
