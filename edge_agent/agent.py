@@ -23,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from edge_agent import messages, topics
+from edge_agent.answers import Answers
 from edge_agent.compressors import Update, ValueDtype, compress
 from edge_agent.cost import ZERO, Cost, Traffic
 from edge_agent.data import Dataset
@@ -61,6 +62,8 @@ class AgentConfig:
     #: "wait": stay silent as the profile's duty cycle demands; "ignore": only account it.
     duty_cycle: Literal["wait", "ignore"] = "wait"
     max_rounds: int | None = None
+    #: give up (``Agent.gave_up``) after this many refusals that cannot heal (answers.py)
+    max_refusals: int = 3
 
 
 @dataclass
@@ -179,6 +182,8 @@ class AgentCounters:
     requests: int = 0
     resends: int = 0
     resets: int = 0  # EF21 state resets the aggregator asked for
+    #: refusals the aggregator sent this agent, by reason (a ``reset`` counts as ef21_reset)
+    refused: dict[str, int] = field(default_factory=dict)
 
     def drop(self, reason: str) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
@@ -230,6 +235,10 @@ class Agent:
         self.paused = False
         #: True once the work is over: the aggregator said stop, or max_rounds were answered.
         self.finished = False
+        self.gave_up: str | None = None  # why it gave up (its settings do not fit the job)
+        self.answers = Answers(
+            config.job, config.agent_id, config.max_refusals, self.counters.refused, clock()
+        )
         self._stop = threading.Event()
         self._started = False
         self._closed = False
@@ -366,6 +375,7 @@ class Agent:
         Whatever arrives was received over the radio: it is priced on the profile's
         downlink part and goes into the ledger's ``down`` direction, applied or not."""
         self.ledger.received(self.profile.downlink_cost(len(msg.payload)))
+        self.answers.heard(self.clock())
         try:
             if msg.topic == self._topic_delta or msg.topic == self._topic_model:
                 self._handle_model(msg.payload)
@@ -435,9 +445,25 @@ class Agent:
                 self._request_snapshot()
         elif ctl.cmd == "reset":
             if ctl.agent == self.config.agent_id:
+                self.answers.count("ef21_reset")
                 self._reset_state()
+        elif ctl.cmd == "refused":
+            if ctl.agent == self.config.agent_id:
+                self._refused(ctl.reason, ctl.detail)
         else:
             self.paused = ctl.cmd == "pause"
+
+    def _refused(self, reason: str, detail: str) -> None:
+        """Log and count a refusal; give up after too many that cannot heal; say hello
+        again when the aggregator does not know us (EF21 state it never saw restarts)."""
+        self.gave_up = self.answers.refusal(reason, detail)
+        if self.gave_up is not None:
+            self._stop.set()
+        elif reason == "unknown_agent" and self.x is not None:
+            if self.feedback.semantics == "ef21":
+                self._reset_state()
+            else:
+                self._say_hello()
 
     def _reset_state(self) -> None:
         """The aggregator dropped its copy of our EF21 state (one of our changes reached it
@@ -576,6 +602,7 @@ class Agent:
             self._resend()
         elif self.x is None and now - self._last_progress >= self._hello_interval_s:
             # No model yet: the aggregator may not be up, or missed the hello. Back off.
+            self.answers.hello_unanswered(now, self.transport.url)
             self._say_hello()
             self._hello_interval_s = min(2 * self._hello_interval_s, cfg.resend_s or 30.0)
         elif self._silent_for_s(now) >= (cfg.resend_s or float("inf")):

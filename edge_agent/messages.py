@@ -63,7 +63,7 @@ class Request(_Msg):
 
 
 class Control(_Msg):
-    """Aggregator to agents: stop (training finished), pause, resume, resync, reset.
+    """Aggregator to agents: stop (training finished), pause, resume, resync, reset, refused.
 
     ``resync`` (with ``version``) is sent when the aggregator (re)starts: an agent that has
     already answered that version re-sends the very same update (same seq; de-duplicated),
@@ -74,13 +74,28 @@ class Control(_Msg):
     de-duplication window), so it dropped its copy of the agent's state h_i; the agent
     must zero its own h_i and say hello with ``fresh=True``. Until that hello arrives, the
     agent's EF21 updates are refused and answered with the same reset.
+
+    ``refused`` (with ``agent``, ``reason`` and ``detail``) tells that one agent that the
+    aggregator refused its hello or update: ``reason`` is the rejection reason the
+    aggregator counts (``wrong_semantics``, ``wrong_d``, ``wrong_model``, ...; see
+    :data:`REFUSAL_FATAL`), ``detail`` says what differed. The aggregator sends at most one
+    per (agent, reason) every 30 s; every agent of the job receives it (one control topic)
+    and only the named one acts on it.
     """
 
     type: Literal["control"] = "control"
-    cmd: Literal["stop", "pause", "resume", "resync", "reset"]
+    cmd: Literal["stop", "pause", "resume", "resync", "reset", "refused"]
     version: int | None = None
     agent: Ident | None = None
     reason: str = ""
+    detail: str = ""
+
+
+#: Refusal reasons that cannot heal by retrying: the agent's settings (feedback, d, model,
+#: compressor) do not fit the job's. An agent stops after a few of them (``--max-refusals``).
+REFUSAL_FATAL: frozenset[str] = frozenset(
+    {"wrong_semantics", "wrong_d", "wrong_model", "wrong_compressor"}
+)
 
 
 M = TypeVar("M", bound=_Msg)

@@ -85,8 +85,13 @@ def control(job: str) -> str:
 
 
 def agent_inbound(job: str) -> list[str]:
-    """Subscription patterns the aggregator needs: everything agents of ``job`` send."""
-    return [f"{job_prefix(job)}{kind}/+" for kind in AGENT_KINDS]
+    """Subscription patterns the aggregator needs: everything agents of ``job`` send, and
+    the hellos of every job (``cat/+/hello/+``: rare, small), so that an agent configured
+    for another job is counted as rejected ``wrong_job`` instead of going unnoticed."""
+    return [
+        f"{ROOT}/+/hello/+" if kind == "hello" else f"{job_prefix(job)}{kind}/+"
+        for kind in AGENT_KINDS
+    ]
 
 
 def agent_subscriptions(job: str) -> list[str]:

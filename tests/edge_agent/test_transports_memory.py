@@ -67,15 +67,16 @@ def test_topic_builders_and_parse_round_trip() -> None:
     assert topics.model("job1") == "cat/job1/model"
     assert topics.parse(topics.hello("job1", "a.b_c")) == ("job1", "hello", "a.b_c")
     assert topics.parse(topics.delta("job1")) == ("job1", "delta", None)
+    # hellos of every job (a wrong-job agent is counted), the rest of this job only
     assert topics.agent_inbound("j") == [
-        "cat/j/hello/+",
+        "cat/+/hello/+",
         "cat/j/update/+",
         "cat/j/status/+",
         "cat/j/request/+",
     ]
     assert topics.agent_subscriptions("j") == ["cat/j/model", "cat/j/delta", "cat/j/control"]
     for kind in ("update", "hello", "status", "request"):
-        pattern = f"cat/j/{kind}/+"
+        pattern = f"cat/{'+' if kind == 'hello' else 'j'}/{kind}/+"
         assert pattern in topics.agent_inbound("j")
         assert topics.matches(pattern, getattr(topics, kind)("j", "a1"))
 
