@@ -9,6 +9,8 @@ before anything changed, so a refused message leaves no trace but its count.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Final, Literal
 
 from edge_agent import messages, topics, wire
@@ -26,6 +28,9 @@ REJECT_REASONS: Final[tuple[str, ...]] = (
     "wrong_model",
     "wrong_compressor",
     "wrong_semantics",
+    "out_of_bounds",
+    "too_large",
+    "would_diverge",
     "duplicate",
     "stale",
     "ef21_reset",
@@ -42,6 +47,43 @@ Family = Literal["mean", "ef21"]
 MAX_PAYLOAD_BYTES: Final = 256 * 2**20
 
 _TOPIC_CACHE_MAX: Final = 8192
+
+#: the largest round, seq or version number an agent may name (the wire's uvarint cap)
+MAX_COUNTER: Final = 2**63 - 1
+#: the longest free-text field (profile, objective, policy) a hello may carry
+MAX_TEXT: Final = 256
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    """Bounds on what an agent may claim; a message outside them is refused before
+    anything changes (``out_of_bounds`` for a hello, ``too_large`` for an update).
+
+    ``max_rows`` bounds n_i and ``[min_smoothness, max_smoothness]`` the L_i of a hello
+    (they set the step size, docs/algorithm.md). ``update_norm_factor``: once
+    ``update_norm_warmup`` updates were accepted, a mean-family update whose L2 norm
+    exceeds this multiple of the median norm of the last accepted ones is refused
+    (:mod:`aggregator.guard`).
+    """
+
+    max_rows: int = 10**9
+    min_smoothness: float = 1e-6
+    max_smoothness: float = 1e12
+    update_norm_factor: float = 1e3
+    update_norm_warmup: int = 16
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.max_rows >= 1, "max_rows must be >= 1"),
+            (0 < self.min_smoothness <= self.max_smoothness, "need 0 < min <= max smoothness"),
+            (math.isfinite(self.max_smoothness), "max_smoothness must be finite"),
+            (self.update_norm_factor >= 1, "update_norm_factor must be >= 1"),
+            (self.update_norm_warmup >= 1, "update_norm_warmup must be >= 1"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ValueError(f"Limits: {msg}")
+
 
 #: an update's decoding: what wire.decode returns, or the error it raises
 Decoded = tuple[wire.UpdateHeader, Update] | WireFormatError
@@ -91,9 +133,17 @@ def check_payload(payload: object) -> bytes:
 
 
 def check_hello(
-    blob: bytes, *, agent: str, job: str, d: int, model: str, family: str | None, alone: bool
+    blob: bytes,
+    *,
+    agent: str,
+    job: str,
+    d: int,
+    model: str,
+    family: str | None,
+    alone: bool,
+    limits: Limits | None = None,
 ) -> messages.Hello:
-    """A hello that fits the job. ``family``: the job's semantics family so far (None:
+    """A hello that fits the job and ``limits`` (None: the defaults). ``family``: the job's semantics family so far (None:
     not fixed yet); ``alone``: no other agent is registered, so the family may change."""
     try:
         hello = messages.parse(messages.Hello, blob)
@@ -111,7 +161,25 @@ def check_hello(
         raise Reject("wrong_compressor", f"{agent}: {hello.compressor!r}")
     if family is not None and semantics_family(hello.semantics) != family and not alone:
         raise Reject("wrong_semantics", f"{agent}: {hello.semantics} in a {family} job")
+    check_hello_bounds(hello, limits or Limits())
     return hello
+
+
+def check_hello_bounds(hello: messages.Hello, limits: Limits) -> None:
+    """Raise ``out_of_bounds`` unless every number and text a hello claims is in range."""
+    who = hello.agent
+    if hello.rows > limits.max_rows:
+        raise Reject("out_of_bounds", f"{who}: rows={hello.rows} > {limits.max_rows}")
+    if not limits.min_smoothness <= hello.smoothness <= limits.max_smoothness:
+        raise Reject(
+            "out_of_bounds",
+            f"{who}: smoothness={hello.smoothness:g} outside "
+            f"[{limits.min_smoothness:g}, {limits.max_smoothness:g}]",
+        )
+    if hello.next_seq > MAX_COUNTER or (hello.version or 0) > MAX_COUNTER:
+        raise Reject("out_of_bounds", f"{who}: next_seq or version beyond 2**63 - 1")
+    if max(len(hello.profile), len(hello.objective), len(hello.policy)) > MAX_TEXT:
+        raise Reject("out_of_bounds", f"{who}: profile/objective/policy over {MAX_TEXT} chars")
 
 
 def semantics_family(semantics: str) -> Family:

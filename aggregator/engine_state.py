@@ -43,6 +43,7 @@ def export_engine(self: RoundEngine) -> EngineSnapshot:
         "loss": self.loss,
         "accuracy": self.accuracy,
         "downlink": self._down.export(),
+        "guard": self._guard.export(),
         "round": {
             "contrib": dict(self._contrib),
             "count": self._count,
@@ -94,4 +95,6 @@ def restore_engine(eng: RoundEngine, snap: EngineSnapshot) -> None:
     eng._ef21 = EF21Mirror.restore(config.d, snap.h_agents, snap.h, snap.sum_h)
     eng._seen = SeenKeys.restore(snap.seen, [a.agent for a in agent_list])
     eng._down.restore(meta.get("downlink"))
+    eng._guard.restore(meta.get("guard"))  # None in a checkpoint from before the guard
+    eng._guard.sync(eng.x, snap.acc, eng._ef21)
     eng._prune_seen()

@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from aggregator.accounting import RoundRecord, Spend
+from aggregator.admission import Limits
 from aggregator.outbound import Outbound
 from edge_agent import messages, topics
 from edge_agent.cost import ZERO, Cost
@@ -69,6 +70,11 @@ class EngineConfig:
     #: part allows: its network's downlinks per day and its sender's duty cycle
     #: (aggregator.broadcast.downlink_interval_s)
     downlink_pacing: bool = False
+    #: bounds on what agents claim (hello fields, update magnitude): aggregator.admission
+    limits: Limits = field(default_factory=Limits)
+    #: how L is formed from the hellos' L_i without a configured step: the row-weighted
+    #: ``mean`` (trusts every claim) or a ``median`` one liar cannot move (aggregator.stepsize)
+    step_rule: Literal["mean", "median"] = "mean"
 
     def __post_init__(self) -> None:
         topics.validate_id(self.job, "job id")
@@ -88,6 +94,7 @@ class EngineConfig:
             (0 < self.ef21_step_factor <= 1, "ef21_step_factor must be in (0, 1]"),
             (self.downlink in ("exact", "delta", "cat"), "downlink must be exact, delta or cat"),
             (self.downlink_window >= 1, "downlink_window must be >= 1"),
+            (self.step_rule in ("mean", "median"), "step_rule must be mean or median"),
             (
                 self.dedupe_window >= max(1, self.max_staleness),
                 "dedupe_window must be >= max_staleness",

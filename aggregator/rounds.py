@@ -31,7 +31,7 @@ from typing import Any, Final, Literal, NamedTuple, Protocol
 
 import numpy as np
 
-from aggregator import admission, engine_state
+from aggregator import admission, engine_state, safety, stepsize
 from aggregator.accounting import Pricer, ProfileLookup, RoundCosts, RoundRecord, Spend
 from aggregator.admission import REJECT_REASONS, Decoded, Family, Reject, semantics_family
 from aggregator.broadcast import Broadcast, downlink_interval_s
@@ -45,8 +45,8 @@ from aggregator.engine_types import (
     Evaluator,
     FloatArray,
 )
+from aggregator.guard import UpdateGuard
 from aggregator.outbound import Outbound, control_message
-from aggregator.refusals import Refusals
 from edge_agent import messages, wire
 from edge_agent.aggregation import EF21Mirror, MeanAccumulator, StepResult
 from edge_agent.compressors import Update
@@ -127,6 +127,7 @@ class RoundEngine:
         # the open round
         self._mean = MeanAccumulator(d)
         self._gamma: float | None = None  # cached step size (hellos change it)
+        self._guard = UpdateGuard(config.limits)
         self._contrib: dict[str, int] = {}  # participant -> number of contributing updates
         self._count = 0  # contributing updates (the async K counter)
         self._round_costs = RoundCosts()
@@ -134,7 +135,6 @@ class RoundEngine:
         self._evaluator = evaluator
         self._pricer = Pricer(profiles)
         self._logged: set[str] = set()
-        self._refusals = Refusals(config.job)  # tells refused agents (rate-limited)
         self._topics = admission.TopicParser(config.job)
         self._down = Broadcast(config.job, d, config.downlink, window=config.downlink_window)
         self._evaluate()
@@ -161,7 +161,6 @@ class RoundEngine:
         with :func:`edge_agent.wire.decode_many`); used only for an update topic.
         """
         agent: str | None = None
-        kind = ""
         try:
             agent, kind = self._topics.parse(topic)
             blob = admission.check_payload(payload)
@@ -173,8 +172,7 @@ class RoundEngine:
                 return self._on_status(agent, blob, now)
             return self._on_request(agent, blob, now)
         except Reject as rej:
-            told = now if kind in ("hello", "update") else None  # refusals answer these only
-            return self._reject(rej.reason, rej.detail, agent, told)
+            return self._reject(rej.reason, rej.detail, agent)
         except Exception as exc:  # a bug must not kill the ingest loop
             log.exception("internal error handling %s", topic[:80])
             return self._reject("internal_error", f"{type(exc).__name__}: {exc}", agent)
@@ -208,7 +206,10 @@ class RoundEngine:
         """Operator command. Returns the control message to broadcast (``changed``: checkpoint)."""
         job = self.config.job
         if self.state == "finished":
-            return Effects()
+            # a job an older version finished as diverged kept its last finite model
+            if cmd != "resume" or not self.finish_reason.startswith("diverged"):
+                return Effects()
+            self.state, self._resume_to, self.finish_reason = "paused", "running", ""
         if cmd == "pause":
             if self.state == "paused":
                 return Effects()
@@ -276,22 +277,16 @@ class RoundEngine:
         return sum(1 for a in self.agents.values() if a.live)
 
     def gamma(self) -> float:
-        """The step size: configured, else 1/L with L = sum n_i L_i / sum n_i over hellos
-        (times ``ef21_step_factor`` in an EF21 job)."""
-        if self.config.step_size is not None:
-            return self.config.step_size
-        if self._gamma is not None:
-            return self._gamma
-        factor = self.config.ef21_step_factor if self.family == "ef21" else 1.0
-        hellos = [a.hello for a in self.agents.values()]
-        if not hellos:
-            return 0.0
-        rows = sum(h.rows for h in hellos)
-        if rows > 0:
-            big_l = sum(h.rows * h.smoothness for h in hellos) / rows
-        else:
-            big_l = sum(h.smoothness for h in hellos) / len(hellos)
-        self._gamma = factor / big_l  # until the next hello
+        """The step size: configured, else 1/L with L from the hellos' L_i under
+        ``step_rule`` (:mod:`aggregator.stepsize`; times ``ef21_step_factor`` in an EF21
+        job)."""
+        cfg = self.config
+        if cfg.step_size is not None:
+            return cfg.step_size
+        if self._gamma is None:  # cached until the next hello
+            factor = cfg.ef21_step_factor if self.family == "ef21" else 1.0
+            hellos = [a.hello for a in self.agents.values()]
+            self._gamma = stepsize.gamma(hellos, cfg.step_rule, cfg.limits, factor)
         return self._gamma
 
     def quorum(self, live: int | None = None) -> int:
@@ -319,6 +314,7 @@ class RoundEngine:
             model=cfg.model,
             family=self.family,
             alone=all(a == agent for a in self.agents),
+            limits=cfg.limits,
         )
         fam = semantics_family(hello.semantics)
         # --- apply
@@ -377,7 +373,11 @@ class RoundEngine:
         admitted = self._admit(agent, info, header)
         if isinstance(admitted, Effects):
             return admitted
+        sized = safety.guarded(self, agent, info, update, admitted.weight)
+        if isinstance(sized, Effects):
+            return sized
         self._record(agent, info, header, update, blob, now, admitted)
+        self._guard.accepted(*sized, ef21=update.semantics == "ef21", weight=admitted.weight)
         if self._opened_at is None and self.state != "waiting":
             self._opened_at = now
         closed = self._maybe_close(now)
@@ -527,6 +527,7 @@ class RoundEngine:
         h = self._ef21.h.get(agent)
         self._ef21.reset_agent(agent)
         if h is not None:
+            self._guard.state_dropped(h)
             self._down.drop_state(h, none_left=not self._ef21.h)
         self._seen.forget(agent, self._agent_index[agent])
 
@@ -577,9 +578,8 @@ class RoundEngine:
         gamma = self.gamma()
         step, coef = self._step(gamma)
         if not step.finite:
-            self._finish("diverged: the step produced nan or inf (step size too large?)")
-            self._reset_round(now)
-            return Effects(outbound=tuple(self.state_controls()), changed=True)
+            return safety.drop_round(self, now)
+        self._guard.stepped(self.x, step.changed)
         base = self.version
         self.version += 1
         self.rounds += 1
@@ -647,11 +647,7 @@ class RoundEngine:
         self.loss = float(loss)
         self.accuracy = None if accuracy is None else float(accuracy)
 
-    def _reject(
-        self, reason: str, detail: str, agent: str | None, now: float | None = None
-    ) -> Effects:
-        """Count a rejection; with ``now`` (a hello or update from ``agent``), also tell the
-        agent when the reason concerns it (:mod:`aggregator.refusals`, rate-limited)."""
+    def _reject(self, reason: str, detail: str, agent: str | None) -> Effects:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
         if agent is not None and agent in self.agents:
             self.agents[agent].rejected += 1
@@ -661,10 +657,7 @@ class RoundEngine:
             reason,
             f" ({detail})" if detail else "",
         )
-        if agent is None or now is None:
-            return Effects(reason=reason)
-        told = self._refusals.tell(agent, reason, detail, now, self.version)
-        return Effects(reason=reason) if told is None else Effects(outbound=(told,), reason=reason)
+        return Effects(reason=reason)
 
     def _log_once(self, key: str, fmt: str, *args: object) -> None:
         if key not in self._logged:

@@ -38,6 +38,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from aggregator.admission import Limits
 from aggregator.rounds import EngineConfig
 from edge_agent import topics
 from edge_agent.errors import CatEdgeError
@@ -111,6 +112,27 @@ class Settings(BaseSettings):
         ge=0,
         description="Also retain a full snapshot every N versions (0: start/request only).",
     )
+    # --- what agents may claim (aggregator.admission.Limits, docs/operating.md)
+    step_rule: Literal["mean", "median"] = Field(
+        "mean",
+        description="How L is formed from the hellos' L_i (no step_size): the row-weighted "
+        "mean (every claim trusted), or a median one lying agent cannot move.",
+    )
+    max_rows: int = Field(10**9, ge=1, description="Largest shard size (rows) a hello may claim.")
+    min_smoothness: float = Field(1e-6, gt=0, description="Smallest L_i a hello may claim.")
+    max_smoothness: float = Field(
+        1e12, gt=0, allow_inf_nan=False, description="Largest L_i a hello may claim."
+    )
+    update_norm_factor: float = Field(
+        1e3,
+        ge=1,
+        allow_inf_nan=False,
+        description="Refuse an update whose norm exceeds this multiple of the median of "
+        "the last accepted updates' norms (plain/ef/dir updates, after the warm-up).",
+    )
+    update_norm_warmup: int = Field(
+        16, ge=1, description="Accepted updates before the norm bound applies."
+    )
     checkpoint_every: int = Field(
         1, ge=1, description="Write checkpoint.npz every N versions (the journal covers the rest)."
     )
@@ -167,6 +189,8 @@ class Settings(BaseSettings):
     def _resolve(self) -> Settings:
         if self.api_token is not None and self.api_token_file is not None:
             raise ValueError("set only one of AGG_API_TOKEN and AGG_API_TOKEN_FILE")
+        if self.min_smoothness > self.max_smoothness:
+            raise ValueError("AGG_MIN_SMOOTHNESS must be <= AGG_MAX_SMOOTHNESS")
         if self.mode == "async" and self.dedupe_window < self.max_staleness:
             raise ValueError("AGG_DEDUPE_WINDOW must be >= AGG_MAX_STALENESS")
         token: str | None = None
@@ -216,6 +240,14 @@ class Settings(BaseSettings):
             ef21_step_factor=self.ef21_step_factor,
             downlink=self.downlink,
             downlink_pacing=self.downlink_pacing,
+            step_rule=self.step_rule,
+            limits=Limits(
+                max_rows=self.max_rows,
+                min_smoothness=self.min_smoothness,
+                max_smoothness=self.max_smoothness,
+                update_norm_factor=self.update_norm_factor,
+                update_norm_warmup=self.update_norm_warmup,
+            ),
         )
 
     def transport_options(self, url: str) -> dict[str, object]:
