@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 
 from edge_agent import wire
-from edge_agent.cost import Cost
+from edge_agent.cost import ZERO, Cost
 from edge_agent.profiles import CostProfile
 
 log = logging.getLogger("aggregator.accounting")
@@ -33,61 +33,75 @@ _CACHE_MAX: Final = 65536
 
 @dataclass
 class Spend:
-    """Communication received in accepted updates, and what dense float32 would have cost.
+    """What accepted updates cost as sent (``actual``) and what the dense float32 updates
+    with the same headers would have cost on the same profiles (``dense``): two
+    :class:`~edge_agent.cost.Cost` values (``messages`` counts the updates).
 
-    ``bytes`` are encoded update bytes (application bytes); ``bits``, ``packets``,
-    ``airtime_s`` (seconds) and ``energy_j`` (joules) price each update with the sending
-    agent's cost profile (0 when its profile is unknown here). ``dense_*``: the same for a
-    dense float32 update with the same header, on the same profile.
+    The JSON form (checkpoints, history rows) is the flat one of earlier versions:
+    ``updates``, ``bytes``, ``bits``, ``packets``, ``airtime_s``, ``energy_j`` and the same
+    prefixed ``dense_``; one ``updates`` count serves both (each update has one dense twin).
     """
 
-    updates: int = 0
-    bytes: int = 0
-    bits: float = 0.0
-    packets: int = 0
-    airtime_s: float = 0.0
-    energy_j: float = 0.0
-    dense_bytes: int = 0
-    dense_bits: float = 0.0
-    dense_packets: int = 0
-    dense_airtime_s: float = 0.0
-    dense_energy_j: float = 0.0
+    actual: Cost = ZERO
+    dense: Cost = ZERO
 
     def add(self, other: Spend) -> None:
-        # spelled out: this runs three times per accepted update
-        self.updates += other.updates
-        self.bytes += other.bytes
-        self.bits += other.bits
-        self.packets += other.packets
-        self.airtime_s += other.airtime_s
-        self.energy_j += other.energy_j
-        self.dense_bytes += other.dense_bytes
-        self.dense_bits += other.dense_bits
-        self.dense_packets += other.dense_packets
-        self.dense_airtime_s += other.dense_airtime_s
-        self.dense_energy_j += other.dense_energy_j
+        self.actual = self.actual + other.actual
+        self.dense = self.dense + other.dense
 
     def to_dict(self) -> dict[str, float | int]:
-        return dict(vars(self))  # every field is a number: no deep copy needed
+        a, d = self.actual, self.dense
+        return {
+            "updates": a.messages,
+            "bytes": a.bytes,
+            "bits": a.bits,
+            "packets": a.packets,
+            "airtime_s": a.airtime_s,
+            "energy_j": a.energy_j,
+            "dense_bytes": d.bytes,
+            "dense_bits": d.bits,
+            "dense_packets": d.packets,
+            "dense_airtime_s": d.airtime_s,
+            "dense_energy_j": d.energy_j,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Spend:
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+        """From :meth:`to_dict` output (missing fields: 0)."""
+        dense = {k.removeprefix("dense_"): v for k, v in data.items() if k.startswith("dense_")}
+        dense["updates"] = data.get("updates", 0)
+        return cls(Cost.from_dict(data), Cost.from_dict(dense))
 
 
-#: per agent and round: entries (T) and bytes sent, updates, and their priced cost
-AGENT_ROUND_ZERO: Final[dict[str, float]] = {
-    "t": 0, "bytes": 0, "updates": 0, "packets": 0, "airtime_s": 0.0, "energy_j": 0.0,
-}  # fmt: skip
-_AGENT_ROUND_FLOATS: Final = frozenset({"airtime_s", "energy_j"})
+@dataclass(frozen=True, slots=True)
+class AgentRound:
+    """What one agent's accepted updates since the previous version held and cost: ``t``
+    entries in all, and their :class:`~edge_agent.cost.Cost` on its own profile
+    (``messages`` counts the updates). JSON: ``t``, ``updates``, ``bytes``, ``bits``,
+    ``packets``, ``airtime_s``, ``energy_j``."""
 
+    t: int = 0
+    cost: Cost = ZERO
 
-def agent_round_from_dict(data: dict[str, Any]) -> dict[str, float]:
-    """A per-agent round entry from JSON (older entries lack the cost fields: zero)."""
-    out = dict(AGENT_ROUND_ZERO)
-    for k, v in data.items():
-        out[str(k)] = float(v) if k in _AGENT_ROUND_FLOATS else int(v)
-    return out
+    def plus(self, t: int, cost: Cost) -> AgentRound:
+        return AgentRound(self.t + t, self.cost + cost)
+
+    def to_dict(self) -> dict[str, float | int]:
+        c = self.cost
+        return {
+            "t": self.t,
+            "updates": c.messages,
+            "bytes": c.bytes,
+            "bits": c.bits,
+            "packets": c.packets,
+            "airtime_s": c.airtime_s,
+            "energy_j": c.energy_j,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AgentRound:
+        """From :meth:`to_dict` output (older entries lack the cost fields: zero)."""
+        return cls(int(data.get("t", 0)), Cost.from_dict(data))
 
 
 @dataclass
@@ -96,26 +110,18 @@ class RoundCosts:
     and in total. A committed :class:`RoundRecord` keeps these very objects, so the engine
     starts a new ``RoundCosts`` for the next round instead of clearing this one."""
 
-    agents: dict[str, dict[str, float]] = field(default_factory=dict)
+    agents: dict[str, AgentRound] = field(default_factory=dict)
     spend: Spend = field(default_factory=Spend)
 
-    def add(self, agent: str, t: int, size: int, spend: Spend) -> None:
-        """One accepted update of ``agent``: ``t`` entries, ``size`` encoded bytes."""
+    def add(self, agent: str, t: int, spend: Spend) -> None:
+        """One accepted update of ``agent`` with ``t`` entries, priced ``spend``."""
         self.spend.add(spend)
-        per = self.agents.get(agent)
-        if per is None:
-            per = self.agents[agent] = dict(AGENT_ROUND_ZERO)
-        per["t"] += t
-        per["bytes"] += size
-        per["updates"] += 1
-        per["packets"] += spend.packets
-        per["airtime_s"] += spend.airtime_s
-        per["energy_j"] += spend.energy_j
+        self.agents[agent] = self.agents.get(agent, _NO_ROUND).plus(t, spend.actual)
 
     def export(self) -> dict[str, Any]:
         """The JSON-able part of a checkpoint (keys ``agents`` and ``spend``)."""
         return {
-            "agents": {k: dict(v) for k, v in self.agents.items()},
+            "agents": {k: v.to_dict() for k, v in self.agents.items()},
             "spend": self.spend.to_dict(),
         }
 
@@ -123,9 +129,12 @@ class RoundCosts:
     def restore(cls, data: dict[str, Any]) -> RoundCosts:
         """The inverse of :meth:`export` (also reads entries written before the cost fields)."""
         return cls(
-            agents={k: agent_round_from_dict(v) for k, v in data["agents"].items()},
+            agents={k: AgentRound.from_dict(v) for k, v in data["agents"].items()},
             spend=Spend.from_dict(data["spend"]),
         )
+
+
+_NO_ROUND: Final = AgentRound()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,7 +155,7 @@ class RoundRecord:
     reason: str
     gamma: float
     participants: tuple[str, ...]
-    agents: dict[str, dict[str, float]]
+    agents: dict[str, AgentRound]
     spend: Spend
     loss: float | None
     accuracy: float | None
@@ -156,9 +165,19 @@ class RoundRecord:
         return max(0.0, self.closed_at - self.opened_at)
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["participants"] = list(self.participants)
-        return out
+        return {
+            "version": self.version,
+            "base_version": self.base_version,
+            "opened_at": self.opened_at,
+            "closed_at": self.closed_at,
+            "reason": self.reason,
+            "gamma": self.gamma,
+            "participants": list(self.participants),
+            "agents": {k: v.to_dict() for k, v in self.agents.items()},
+            "spend": self.spend.to_dict(),
+            "loss": self.loss,
+            "accuracy": self.accuracy,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RoundRecord:
@@ -170,7 +189,7 @@ class RoundRecord:
             reason=str(data["reason"]),
             gamma=float(data["gamma"]),
             participants=tuple(data["participants"]),
-            agents={str(k): agent_round_from_dict(v) for k, v in data["agents"].items()},
+            agents={str(k): AgentRound.from_dict(v) for k, v in data["agents"].items()},
             spend=Spend.from_dict(data["spend"]),
             loss=None if data.get("loss") is None else float(data["loss"]),
             accuracy=None if data.get("accuracy") is None else float(data["accuracy"]),
@@ -194,7 +213,7 @@ class Pricer:
     def __init__(self, profiles: ProfileLookup | None = None) -> None:
         self._profiles = profiles
         self._profile_cache: dict[str, CostProfile | None] = {}
-        self._price_cache: dict[tuple[str, int], tuple[float, int, float, float]] = {}
+        self._price_cache: dict[tuple[str, int], Cost] = {}
         self._dense_cache: dict[tuple[str, int, int], int] = {}
         #: priced Spend per (profile, size, dense size): shared, never mutated
         self._spend_cache: dict[tuple[str | None, int, int], Spend] = {}
@@ -212,15 +231,11 @@ class Pricer:
             return cached
         if len(self._spend_cache) > _CACHE_MAX:
             self._spend_cache.clear()
-        spend = self._spend_cache[skey] = Spend(updates=1, bytes=size, dense_bytes=dense_size)
+        actual, dense = Cost(1, size), Cost(1, dense_size)
         if profile is not None:
-            spend.bits, spend.packets, spend.airtime_s, spend.energy_j = self._cost(profile, size)
-            (
-                spend.dense_bits,
-                spend.dense_packets,
-                spend.dense_airtime_s,
-                spend.dense_energy_j,
-            ) = self._cost(profile, dense_size)
+            actual = self._cost(profile, size)
+            dense = self._cost(profile, dense_size)
+        spend = self._spend_cache[skey] = Spend(actual, dense)
         return spend
 
     def dense_size(self, header: wire.UpdateHeader) -> int:
@@ -282,14 +297,14 @@ class Pricer:
                 out.append(profile.downlink_objective_cost)
         return out
 
-    def _cost(self, profile: CostProfile, size: int) -> tuple[float, int, float, float]:
+    def _cost(self, profile: CostProfile, size: int) -> Cost:
+        """One update message of ``size`` bytes on ``profile`` (cached)."""
         key = (profile.name, size)
         hit = self._price_cache.get(key)
         if hit is None:
             if len(self._price_cache) > _CACHE_MAX:
                 self._price_cache.clear()
-            mc = profile.message_cost(size)
-            hit = self._price_cache[key] = (mc.bits, mc.packets, mc.airtime_s, mc.energy_j)
+            hit = self._price_cache[key] = profile.message_cost(size).cost
         return hit
 
 

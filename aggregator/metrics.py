@@ -139,8 +139,8 @@ class AggregatorMetrics:
     def observe_round(self, record: RoundRecord) -> None:
         self.round_latency.observe(record.latency_s)
         for per in record.agents.values():
-            if per["updates"]:
-                self.update_entries.observe(per["t"] / per["updates"])
+            if per.cost.messages:
+                self.update_entries.observe(per.t / per.cost.messages)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

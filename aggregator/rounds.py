@@ -486,7 +486,7 @@ class RoundEngine:
         info.spend.add(spend)
         self.accepted += 1
         self.totals.add(spend)
-        self._round_costs.add(agent, header.t, size, spend)
+        self._round_costs.add(agent, header.t, spend)
         ef21 = header.semantics == "ef21"
         if ef21:
             self._ef21.apply(agent, update)

@@ -36,39 +36,33 @@ class CostTotals(_Out):
     energy_j: float
 
     @classmethod
-    def actual(cls, s: Spend) -> CostTotals:
+    def of(cls, c: Cost) -> CostTotals:
         return cls(
-            updates=s.updates,
-            bytes=s.bytes,
-            bits=s.bits,
-            packets=s.packets,
-            airtime_s=s.airtime_s,
-            energy_j=s.energy_j,
+            updates=c.messages,
+            bytes=c.bytes,
+            bits=c.bits,
+            packets=c.packets,
+            airtime_s=c.airtime_s,
+            energy_j=c.energy_j,
         )
 
     @classmethod
+    def actual(cls, s: Spend) -> CostTotals:
+        return cls.of(s.actual)
+
+    @classmethod
     def dense(cls, s: Spend) -> CostTotals:
-        return cls(
-            updates=s.updates,
-            bytes=s.dense_bytes,
-            bits=s.dense_bits,
-            packets=s.dense_packets,
-            airtime_s=s.dense_airtime_s,
-            energy_j=s.dense_energy_j,
-        )
+        return cls.of(s.dense)
 
 
 def uplink_cost(s: Spend) -> Cost:
-    """The uplink part of a :class:`Spend` (accepted updates) as a :class:`Cost`."""
-    return Cost(s.updates, s.bytes, s.bits, s.packets, s.airtime_s, s.energy_j)
+    """The uplink part of a :class:`Spend` (accepted updates)."""
+    return s.actual
 
 
 def dense_uplink_cost(s: Spend) -> Cost:
     """The dense float32 twin of :func:`uplink_cost`."""
-    return Cost(
-        s.updates, s.dense_bytes, s.dense_bits, s.dense_packets, s.dense_airtime_s,
-        s.dense_energy_j,
-    )  # fmt: skip
+    return s.dense
 
 
 class LinkCost(_Out):
@@ -284,12 +278,12 @@ class RoundOut(_Out):
             participants=list(r.participants),
             agents={
                 a: AgentRoundOut(
-                    t=int(v["t"]),
-                    bytes=int(v["bytes"]),
-                    updates=int(v["updates"]),
-                    packets=int(v.get("packets", 0)),
-                    airtime_s=float(v.get("airtime_s", 0.0)),
-                    energy_j=float(v.get("energy_j", 0.0)),
+                    t=v.t,
+                    bytes=v.cost.bytes,
+                    updates=v.cost.messages,
+                    packets=v.cost.packets,
+                    airtime_s=v.cost.airtime_s,
+                    energy_j=v.cost.energy_j,
                 )
                 for a, v in r.agents.items()
             },

@@ -49,7 +49,7 @@ from typing import Any, Final, Literal, NamedTuple
 
 import numpy as np
 
-from aggregator.accounting import ProfileLookup, RoundRecord, Spend
+from aggregator.accounting import AgentRound, ProfileLookup, RoundRecord, Spend
 from aggregator.rounds import AgentInfo, EngineConfig, EngineSnapshot, Evaluator, RoundEngine
 from edge_agent.errors import CatEdgeError
 
@@ -67,7 +67,8 @@ JournalKind = Literal["msg", "tick", "control"]
 
 
 class CheckpointError(CatEdgeError):
-    """No valid checkpoint can be loaded although state exists (the message says what to do)."""
+    """The durable state cannot be loaded: no valid checkpoint although state exists, or a
+    corrupt history database. One line naming the file and what to do."""
 
 
 class JournalEntry(NamedTuple):
@@ -168,7 +169,23 @@ def encode_checkpoint(snap: EngineSnapshot, journal_hwm: int) -> bytes:
 
 
 def decode_checkpoint(blob: bytes) -> tuple[EngineSnapshot, int]:
-    """Parse and validate checkpoint bytes; raises ValueError naming what is wrong."""
+    """Parse and validate checkpoint bytes; raises ValueError naming what is wrong, and
+    nothing else: corrupt bytes make zipfile, np.load and json raise many kinds
+    (NotImplementedError "zip file version", RuntimeError "encrypted", tokenize errors in
+    the .npy header, MemoryError for an absurd shape, ...), all turned into ValueError."""
+    try:
+        return _decode_checkpoint(blob)
+    except ValueError:
+        raise
+    except Exception as exc:
+        raise ValueError(f"unreadable: {type(exc).__name__}: {_one_line(exc)}") from None
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200]
+
+
+def _decode_checkpoint(blob: bytes) -> tuple[EngineSnapshot, int]:
     try:
         with np.load(io.BytesIO(blob), allow_pickle=False) as z:
             names = _ARRAYS if "acc" in z.files else _STORED_ARRAYS  # older files: dense acc
@@ -213,6 +230,29 @@ def _dense_acc(arrays: dict[str, np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
     return acc
 
 
+def _open_history(path: Path) -> sqlite3.Connection:
+    """The history database, checked; CheckpointError (one line, with the fix) if corrupt."""
+    db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+    try:
+        db.execute("PRAGMA journal_mode=WAL")
+        # NORMAL in WAL mode: durable across a process crash (SIGKILL); a power cut may lose
+        # the last transactions, never corrupt the database.
+        db.execute("PRAGMA synchronous=NORMAL")
+        problems = [str(r[0]) for r in db.execute("PRAGMA quick_check").fetchall()]
+        if problems != ["ok"]:
+            raise sqlite3.DatabaseError("; ".join(problems[:3]))
+        db.executescript(_SCHEMA)
+    except sqlite3.DatabaseError as exc:
+        db.close()
+        raise CheckpointError(
+            f"{path} is corrupt ({_one_line(exc)}). Stop the service, move it aside with its "
+            f"-wal and -shm files (mv {path.name} {path.name}.corrupt) and start again: the "
+            "state is recovered from the checkpoint and the history restarts from its round "
+            "(docs/operating.md, Checkpoints, restart and recovery)."
+        ) from None
+    return db
+
+
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -231,14 +271,7 @@ class Store:
         self.dir = Path(data_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(
-            self.dir / HISTORY_DB, check_same_thread=False, isolation_level=None
-        )
-        self._db.execute("PRAGMA journal_mode=WAL")
-        # NORMAL in WAL mode: durable across a process crash (SIGKILL); a power cut may lose
-        # the last transactions, never corrupt the database.
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
+        self._db = _open_history(self.dir / HISTORY_DB)
         self._prev_hwm = 0
         for stale in self.dir.glob(f"{_TMP_PREFIX}*"):
             log.warning("removing %s left by an interrupted checkpoint write", stale.name)
@@ -350,9 +383,12 @@ class Store:
                 snap, hwm = decode_checkpoint(path.read_bytes())
             except (OSError, ValueError) as exc:
                 kept = path.with_name(path.name + ".corrupt")
-                problems.append(f"{path}: {exc} (kept as {kept.name})")
+                problems.append(f"{path}: {_one_line(exc)} (kept as {kept.name})")
                 log.error("checkpoint %s is invalid (%s); kept as %s", path, exc, kept.name)
-                os.replace(path, kept)
+                try:
+                    os.replace(path, kept)
+                except OSError as err:  # e.g. a read-only directory: report, never loop
+                    problems.append(f"cannot rename it: {err.strerror}")
                 continue
             self._prev_hwm = hwm
             return LoadedCheckpoint(snap, hwm, name)
@@ -421,7 +457,7 @@ class Store:
                 reason=str(reason),
                 gamma=float(g),
                 participants=tuple(json.loads(p)),
-                agents=json.loads(a),
+                agents={str(k): AgentRound.from_dict(v) for k, v in json.loads(a).items()},
                 spend=Spend.from_dict(json.loads(s)),
                 loss=loss,
                 accuracy=acc,
@@ -436,7 +472,7 @@ class Store:
 
 
 def _round_row(r: RoundRecord) -> tuple[Any, ...]:
-    s = r.spend
+    s = r.spend.actual
     return (
         r.version,
         r.base_version,
@@ -445,15 +481,15 @@ def _round_row(r: RoundRecord) -> tuple[Any, ...]:
         r.reason,
         r.gamma,
         json.dumps(list(r.participants)),
-        json.dumps(r.agents, sort_keys=True),
-        s.updates,
+        json.dumps({k: v.to_dict() for k, v in r.agents.items()}, sort_keys=True),
+        s.messages,
         s.bytes,
         s.bits,
         s.packets,
         s.airtime_s,
         s.energy_j,
-        s.dense_bytes,
-        json.dumps(s.to_dict(), sort_keys=True),
+        r.spend.dense.bytes,
+        json.dumps(r.spend.to_dict(), sort_keys=True),
         r.loss,
         r.accuracy,
     )
@@ -511,8 +547,11 @@ def recover(
             engine = RoundEngine.restore(
                 config, loaded.snapshot, evaluator=evaluator, profiles=profiles
             )
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CheckpointError(f"{store.dir / loaded.source}: {exc}") from None
+        except Exception as exc:  # the digest matched: the file is intact but does not fit
+            raise CheckpointError(
+                f"{store.dir / loaded.source}: {_one_line(exc)}. Fix the settings it names, "
+                "or move the data directory aside to start a new job."
+            ) from None
         source, hwm = loaded.source, loaded.journal_hwm
     entries = store.journal_after(hwm)
     records: list[RoundRecord] = []

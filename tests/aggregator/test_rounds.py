@@ -313,10 +313,10 @@ def test_spend_prices_bytes_with_agent_profile() -> None:
     topic, blob = upd("a", topk_update(G_A, 3))
     eng.handle(topic, blob, 1.0)
     cost = profile.message_cost(len(blob))
-    assert eng.totals.bytes == len(blob)
-    assert eng.totals.packets == cost.packets
-    assert eng.totals.bits == pytest.approx(cost.bits)
-    assert eng.totals.dense_bytes > len(blob)
+    assert eng.totals.actual.bytes == len(blob)
+    assert eng.totals.actual.packets == cost.packets
+    assert eng.totals.actual.bits == pytest.approx(cost.bits)
+    assert eng.totals.dense.bytes > len(blob)
 
 
 def test_unknown_profile_counts_bytes_only() -> None:
@@ -327,7 +327,7 @@ def test_unknown_profile_counts_bytes_only() -> None:
     join(eng, "a", "b", profile="nope")
     _, blob = upd("a", topk_update(G_A, 3))
     eng.handle(topics.update(JOB, "a"), blob, 1.0)
-    assert eng.totals.bytes == len(blob) and eng.totals.packets == 0
+    assert eng.totals.actual.bytes == len(blob) and eng.totals.actual.packets == 0
 
 
 # ---------------------------------------------------------------- EF21
@@ -677,13 +677,13 @@ def test_round_record_prices_each_agents_updates_on_its_own_profile() -> None:
     eng = RoundEngine.restore(eng.config, eng.export(), profiles=resolve_profile)
     rec = eng.handle(*upd("b", topk_update(G_B, 9)), 1.0).committed
     assert rec is not None
-    a, b = rec.agents["a"], rec.agents["b"]
-    assert a["packets"] >= 1 and b["packets"] >= 1
-    assert a["airtime_s"] > 0 and b["energy_j"] > 0
-    assert isinstance(a["airtime_s"], float) and isinstance(a["packets"], int)
-    assert a["packets"] + b["packets"] == rec.spend.packets
-    assert a["airtime_s"] + b["airtime_s"] == pytest.approx(rec.spend.airtime_s, rel=1e-12)
-    assert a["energy_j"] + b["energy_j"] == pytest.approx(rec.spend.energy_j, rel=1e-12)
+    a, b = rec.agents["a"].cost, rec.agents["b"].cost
+    assert a.packets >= 1 and b.packets >= 1
+    assert a.airtime_s > 0 and b.energy_j > 0
+    assert isinstance(a.airtime_s, float) and isinstance(a.packets, int)
+    assert a.packets + b.packets == rec.spend.actual.packets
+    assert a.airtime_s + b.airtime_s == pytest.approx(rec.spend.actual.airtime_s, rel=1e-12)
+    assert a.energy_j + b.energy_j == pytest.approx(rec.spend.actual.energy_j, rel=1e-12)
     back = type(rec).from_dict(rec.to_dict())
     assert back.agents == rec.agents
 

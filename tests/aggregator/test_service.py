@@ -135,7 +135,7 @@ def _crash_run(data_dir: Path, *, crash_at: int | None = None, after_write: bool
         engine = recover(fresh, settings.engine_config()).engine
         assert engine.version == (12 if crash_at is None else 4 * crash_at)
         assert fresh.max_version() == engine.version
-        return [(r.version, r.participants, r.spend.bytes) for r in fresh.history()]
+        return [(r.version, r.participants, r.spend.actual.bytes) for r in fresh.history()]
     finally:
         fresh.close()
 

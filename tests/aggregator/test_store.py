@@ -183,7 +183,7 @@ def test_history_since_returns_later_rounds(store: Store) -> None:
     rows = store.history(since=1)
     assert [r.version for r in rows] == [2]
     assert rows[0].participants == ("a", "b")
-    assert rows[0].spend.bytes > 0
+    assert rows[0].spend.actual.bytes > 0
 
 
 def test_history_without_checkpoint_refuses_to_start(store: Store) -> None:

@@ -259,5 +259,5 @@ def test_bytes_on_the_wire_equal_the_ledgers_and_the_accounts(
             == ledger.update_cost.bytes
             == ledger.up.bytes - sum(s.size for s in wire.sent if "/update/" not in s.topic)
         ), me
-        assert info.accepted == info.spend.updates == rounds, me
-        assert info.spend.bytes == sum(sizes[:rounds]), me
+        assert info.accepted == info.spend.actual.messages == rounds, me
+        assert info.spend.actual.bytes == sum(sizes[:rounds]), me
