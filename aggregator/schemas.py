@@ -12,7 +12,7 @@ agent (None when unknown: the service resumed the job past version 0).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -37,14 +37,8 @@ class CostTotals(_Out):
 
     @classmethod
     def of(cls, c: Cost) -> CostTotals:
-        return cls(
-            updates=c.messages,
-            bytes=c.bytes,
-            bits=c.bits,
-            packets=c.packets,
-            airtime_s=c.airtime_s,
-            energy_j=c.energy_j,
-        )
+        """``c`` with ``messages`` as ``updates`` (the field name of earlier versions)."""
+        return cls(updates=c.messages, **_metrics(c))
 
     @classmethod
     def actual(cls, s: Spend) -> CostTotals:
@@ -55,14 +49,15 @@ class CostTotals(_Out):
         return cls.of(s.dense)
 
 
-def uplink_cost(s: Spend) -> Cost:
-    """The uplink part of a :class:`Spend` (accepted updates)."""
-    return s.actual
-
-
-def dense_uplink_cost(s: Spend) -> Cost:
-    """The dense float32 twin of :func:`uplink_cost`."""
-    return s.dense
+def _metrics(c: Cost) -> dict[str, Any]:
+    """Every field of ``c`` but the message count."""
+    return {
+        "bytes": c.bytes,
+        "bits": c.bits,
+        "packets": c.packets,
+        "airtime_s": c.airtime_s,
+        "energy_j": c.energy_j,
+    }
 
 
 class LinkCost(_Out):
@@ -78,14 +73,7 @@ class LinkCost(_Out):
 
     @classmethod
     def of(cls, c: Cost) -> LinkCost:
-        return cls(
-            messages=c.messages,
-            bytes=c.bytes,
-            bits=c.bits,
-            packets=c.packets,
-            airtime_s=c.airtime_s,
-            energy_j=c.energy_j,
-        )
+        return cls(messages=c.messages, **_metrics(c))
 
     @classmethod
     def maybe(cls, c: Cost | None) -> LinkCost | None:
@@ -146,7 +134,7 @@ class StatusOut(_Out):
         recovered_from: str,
         dense_down: Cost | None = None,
     ) -> StatusOut:
-        up, down = uplink_cost(e.totals), e.totals_down
+        up, down = e.totals.actual, e.totals_down
         return cls(
             job=e.config.job,
             state=e.state,
@@ -168,7 +156,7 @@ class StatusOut(_Out):
             downlink=LinkCost.of(down),
             total=LinkCost.of(up + down),
             dense_equivalent_downlink=LinkCost.maybe(dense_down),
-            dense_equivalent_total=LinkCost.maybe(_plus(dense_uplink_cost(e.totals), dense_down)),
+            dense_equivalent_total=LinkCost.maybe(_plus(e.totals.dense, dense_down)),
             transports=[TransportOut(url=u, connected=c) for u, c in transports],
             recovered_from=recovered_from,
         )
@@ -233,9 +221,9 @@ class AgentOut(_Out):
             totals=CostTotals.actual(a.spend),
             dense_equivalent=CostTotals.dense(a.spend),
             downlink=LinkCost.of(a.down),
-            total=LinkCost.of(uplink_cost(a.spend) + a.down),
+            total=LinkCost.of(a.spend.actual + a.down),
             dense_equivalent_downlink=LinkCost.maybe(dense_down),
-            dense_equivalent_total=LinkCost.maybe(_plus(dense_uplink_cost(a.spend), dense_down)),
+            dense_equivalent_total=LinkCost.maybe(_plus(a.spend.dense, dense_down)),
         )
 
 
