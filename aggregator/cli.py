@@ -11,23 +11,61 @@
     everything after ``simulate`` is passed to it unchanged. This path imports none of the
     service's web dependencies (FastAPI, uvicorn, pydantic-settings, prometheus-client):
     the service modules are imported only for ``serve``.
+
+Without the ``aggregator`` extras (a device install), ``aggregator --help`` still works and
+``aggregator serve`` prints the one-line install hint (exit 2) before doing anything.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import logging
 import sys
 from collections.abc import Sequence
+from typing import Any, Literal, get_args, get_origin
 
+from edge_agent.cli import DefaultsFormatter, package_version
 from edge_agent.errors import CatEdgeError
 
 _NOT_FLAGS = frozenset({"api_token", "config_file"})
 _SIMULATOR = "aggregator.sim.cli"
+#: the modules ``serve`` imports from the ``aggregator`` extras (pyproject.toml)
+SERVICE_MODULES = ("fastapi", "uvicorn", "pydantic_settings", "dotenv", "prometheus_client")
+INSTALL_HINT = "pip install 'cat-edge[aggregator]'"
+
+
+def missing_service_module() -> str | None:
+    """The first module of :data:`SERVICE_MODULES` that is not installed, else None."""
+    for name in SERVICE_MODULES:
+        if importlib.util.find_spec(name) is None:
+            return name
+    return None
+
+
+def _shown_default(field: Any) -> str:
+    """``; default <value>`` for a settings field's help ("; required", or "" if unset)."""
+    if field.is_required():
+        return "; required"
+    value = field.get_default(call_default_factory=True)
+    if value is None:
+        return ""
+    if isinstance(value, list):
+        return "; default " + ",".join(str(v) for v in value)
+    return f"; default {str(value).lower() if isinstance(value, bool) else value}"
 
 
 def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    missing = missing_service_module()
+    if missing is not None:  # a device install: no settings to list, only the hint
+        p = sub.add_parser(
+            "serve",
+            help=f"run the aggregator service (not installed here: {INSTALL_HINT})",
+            description=f"Needs the aggregator extras: {INSTALL_HINT}",
+        )
+        p.set_defaults(missing=missing)
+        return
     from aggregator.settings import Settings, env_name
 
     p = sub.add_parser(
@@ -35,21 +73,42 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="run the aggregator service (FastAPI under uvicorn)",
         description="Run the aggregator. Flags override AGG_* environment variables and the "
         "AGG_CONFIG_FILE file.",
+        formatter_class=DefaultsFormatter,
     )
     for name, field in Settings.model_fields.items():
         if name in _NOT_FLAGS:
             continue
-        help_text = (field.description or "") + f" [env {env_name(name)}]"
-        p.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None, help=help_text)
+        help_text = f"{field.description or ''} [env {env_name(name)}{_shown_default(field)}]"
+        kind = field.annotation
+        choices = get_args(kind) if get_origin(kind) is Literal else None
+        p.add_argument(
+            f"--{name.replace('_', '-')}",
+            dest=name,
+            default=None,
+            choices=choices,
+            metavar="{true,false}" if kind is bool else None,
+            help=help_text.strip(),
+        )
     p.add_argument(
         "--log-level",
         default="info",
         choices=["critical", "error", "warning", "info", "debug"],
         help="uvicorn and aggregator log level",
     )
+    p.set_defaults(missing=None)
+
+
+def _not_installed(missing: str) -> int:
+    print(
+        f"aggregator serve: the service is not installed (no module {missing!r}): {INSTALL_HINT}",
+        file=sys.stderr,
+    )
+    return 2
 
 
 def serve(args: argparse.Namespace) -> int:
+    if args.missing is not None:
+        return _not_installed(args.missing)
     from aggregator.settings import Settings, SettingsError, load_settings
 
     overrides = {
@@ -110,9 +169,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
     if args_in and args_in[0] == "simulate":
         return simulate(args_in[1:])
+    missing = missing_service_module()
+    if (
+        args_in
+        and args_in[0] == "serve"
+        and missing is not None
+        and not {"-h", "--help"} & set(args_in)
+    ):
+        return _not_installed(missing)  # before parsing: its flags come from the settings
     parser = argparse.ArgumentParser(
         prog="aggregator", description="cat-edge aggregator: CAT training rounds over MQTT/ZeroMQ."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,simulate}")
     _serve_parser(sub)
     sub.add_parser("simulate", help="run agents and the aggregator in-process (simulator)")

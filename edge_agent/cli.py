@@ -1,7 +1,10 @@
 """``edge-agent``: the device command line (run, calibrate, profiles, data).
 
-Every subcommand has ``--help``; errors name the bad argument and the fix, and exit with
-status 1 (2 for usage errors, as argparse does).
+Every subcommand has ``--help``; errors name the bad argument and the fix. Exit status:
+0 done; 2 a configuration error, which no restart heals (a bad flag, as argparse does;
+for ``run`` also an unknown profile, a missing data or password file, a bad server URL,
+and an aggregator that keeps refusing the agent's settings); 1 any other error (e.g. the
+broker is unreachable: worth a restart); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ if TYPE_CHECKING:  # the agent's imports load only for `run`
 log = logging.getLogger("edge_agent")
 
 DEFAULT_SERVER = "zmq+tcp://127.0.0.1:5555"
+#: the same default as the aggregator's AGG_JOB, so that defaults meet
+DEFAULT_JOB = "cat"
+#: exit status of a configuration error (systemd: RestartPreventExitStatus=2)
+EXIT_CONFIG = 2
 EPILOG = "Docs: README.md and docs/ in the cat-edge repository."
 
 
@@ -59,7 +66,38 @@ def _transport_options(args: argparse.Namespace) -> dict[str, object]:
     return opts
 
 
+class ConfigurationError(CatEdgeError):
+    """A setting of ``run`` is wrong (exit 2: restarting will not help)."""
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        agent = _build_agent(args)
+    except (CatEdgeError, OSError, ValueError) as exc:
+        raise ConfigurationError(_describe(exc)) from exc
+
+    def _on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("signal %s: stopping", signal.Signals(signum).name)
+        agent.stop()
+
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+    agent.start()
+    try:
+        agent.run()
+    finally:
+        agent.close("done" if agent.finished else "offline")
+    summary = run_summary(agent.config.agent_id, agent)
+    print(json.dumps(summary), flush=True)
+    if args.save_model and agent.x is not None:
+        np.save(args.save_model, agent.x)
+    if agent.gave_up is not None:
+        raise ConfigurationError(agent.gave_up)
+    return 0
+
+
+def _build_agent(args: argparse.Namespace) -> Agent:
+    """Everything ``run`` needs before it connects (each error here is a configuration error)."""
     from edge_agent.agent import Agent, AgentConfig
     from edge_agent.data import load_dataset
     from edge_agent.models import make_model
@@ -76,12 +114,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         agent_id=agent_id,
         compressor=args.compressor,
         policy=args.policy,
-        feedback=args.feedback,
+        feedback=args.feedback or ("none" if _directional(args) else "ef21"),
         value_dtype=args.value_dtype,
         seed=args.seed,
         resend_s=None if args.resend_s <= 0 else args.resend_s,
         duty_cycle=args.duty_cycle,
         max_rounds=args.max_rounds,
+        max_refusals=args.max_refusals,
     )
     transport = open_transport(
         args.server,
@@ -112,23 +151,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         profile.objective,
         args.server,
     )
-
-    def _on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("signal %s: stopping", signal.Signals(signum).name)
-        agent.stop()
-
-    signal.signal(signal.SIGINT, _on_signal)
-    signal.signal(signal.SIGTERM, _on_signal)
-    agent.start()
-    try:
-        agent.run()
-    finally:
-        agent.close("done" if agent.finished else "offline")
-    summary = run_summary(agent_id, agent)
-    print(json.dumps(summary), flush=True)
-    if args.save_model and agent.x is not None:
-        np.save(args.save_model, agent.x)
-    return 0
+    return agent
 
 
 def run_summary(agent_id: str, agent: Agent) -> dict[str, Any]:
@@ -308,13 +331,14 @@ def cmd_calibrate_measure(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = DefaultsFormatter
     parser = argparse.ArgumentParser(
         prog="edge-agent",
         description="cat-edge device agent: train with communication-aware adaptive compression (CAT).",
         epilog=EPILOG,
         formatter_class=fmt,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     parser.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
@@ -336,7 +360,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="aggregator/broker URL: zmq+tcp://host:port, mqtt://host:port, mqtts://host:port",
     )
     run.add_argument(
-        "--job", default="demo", help="job id ([A-Za-z0-9._-], as configured on the aggregator)"
+        "--job",
+        default=DEFAULT_JOB,
+        help="job id ([A-Za-z0-9._-]): the aggregator's AGG_JOB, whose default is the same",
     )
     run.add_argument("--agent-id", default=None, help="this agent's id (default: the host name)")
     run.add_argument(
@@ -359,9 +385,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--feedback",
-        default="none",
+        default=None,
         choices=["none", "ef", "ef21"],
-        help="error feedback (ef21 recommended with many agents)",
+        help="error feedback; the job's first agent sets its family, ef21 or plain "
+        "(none, ef): others must match (default: ef21, which converges with many agents; "
+        "none with --curvature directional)",
     )
     run.add_argument("--value-dtype", default="float32", choices=["float32", "float16", "float64"])
     run.add_argument(
@@ -384,6 +412,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         help="seed of this agent's random choices (randk, power iteration)",
+    )
+    run.add_argument(
+        "--max-refusals",
+        type=int,
+        default=3,
+        help="exit (status 2) after the aggregator refused this agent's settings this many "
+        "times (wrong d, model, compressor or feedback family)",
     )
     run.add_argument("--save-model", default=None, help="write the final model copy here (.npy)")
     run.add_argument("--quiet", action="store_true", help="no per-round log line")
@@ -522,17 +557,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return int(args.func(args))
-    except CatEdgeError as exc:
+    except ConfigurationError as exc:
         print(f"edge-agent {args.command}: error: {exc}", file=sys.stderr)
-        return 1
-    except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
-        print(f"edge-agent {args.command}: error: {exc.filename}: {exc.strerror}", file=sys.stderr)
-        return 1
-    except ValueError as exc:
-        print(f"edge-agent {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except (CatEdgeError, FileNotFoundError, PermissionError, IsADirectoryError, ValueError) as exc:
+        print(f"edge-agent {args.command}: error: {_describe(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _directional(args: argparse.Namespace) -> bool:
+    """``--curvature directional`` prices the gradient itself: no error feedback by default."""
+    return bool(getattr(args, "curvature", "global") == "directional")
+
+
+def _describe(exc: Exception) -> str:
+    """One line for an error: an OSError names its file and the system's reason."""
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return f"{exc.filename}: {exc.strerror}"
+    return str(exc)
+
+
+class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a flag's default, unless there is none to show (None, a store_true flag's
+    False) or the help text already says it ("default ...")."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default in (None, False) or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
+def package_version() -> str:
+    """The installed cat-edge version (``pyproject.toml``), or "unknown" from a bare checkout."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("cat-edge")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 if __name__ == "__main__":

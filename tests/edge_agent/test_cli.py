@@ -197,7 +197,7 @@ def test_unknown_policy_is_a_clear_error(
             "memory://cli-test",
         ]
     )
-    assert code == 1
+    assert code == 2  # a configuration error: a restart cannot fix it
     assert "unknown policy 'greedy'" in capsys.readouterr().err
 
 

@@ -288,7 +288,7 @@ def test_bad_arguments_get_a_clear_error(tmp_path: Path, shard_file: Path) -> No
         text=True,
         timeout=30,
     )
-    assert proc.returncode == 1
+    assert proc.returncode == 2  # configuration errors exit 2 (systemd does not restart)
     assert (
         "no_such_link" in proc.stderr and "lorawan_eu868_dr5_sf7" in proc.stderr
     )  # lists valid names
@@ -307,4 +307,4 @@ def test_bad_arguments_get_a_clear_error(tmp_path: Path, shard_file: Path) -> No
         text=True,
         timeout=30,
     )
-    assert proc.returncode == 1 and "missing.svm" in proc.stderr
+    assert proc.returncode == 2 and "missing.svm" in proc.stderr
