@@ -141,10 +141,12 @@ def check_hello(
     model: str,
     family: str | None,
     alone: bool,
+    fixed_step: bool = False,
     limits: Limits | None = None,
 ) -> messages.Hello:
     """A hello that fits the job and ``limits`` (None: the defaults). ``family``: the job's semantics family so far (None:
-    not fixed yet); ``alone``: no other agent is registered, so the family may change."""
+    not fixed yet); ``alone``: no other agent is registered, so the family may change;
+    ``fixed_step``: the job configures its step size (``dir`` agents need ``1/L``)."""
     try:
         hello = messages.parse(messages.Hello, blob)
     except WireFormatError as exc:
@@ -161,6 +163,8 @@ def check_hello(
         raise Reject("wrong_compressor", f"{agent}: {hello.compressor!r}")
     if family is not None and semantics_family(hello.semantics) != family and not alone:
         raise Reject("wrong_semantics", f"{agent}: {hello.semantics} in a {family} job")
+    if hello.semantics == "dir":
+        _check_directional(hello, fixed_step=fixed_step)
     check_hello_bounds(hello, limits or Limits())
     return hello
 
@@ -182,8 +186,31 @@ def check_hello_bounds(hello: messages.Hello, limits: Limits) -> None:
         raise Reject("out_of_bounds", f"{who}: profile/objective/policy over {MAX_TEXT} chars")
 
 
+#: compressors whose update a ``dir`` step can carry (the step scales values or the scale)
+DIRECTIONAL_COMPRESSORS: Final[tuple[str, ...]] = ("dense", "topk", "signtopk")
+
+
+def _check_directional(hello: messages.Hello, *, fixed_step: bool) -> None:
+    """A ``dir`` agent scaled its update for ``x <- x - (1/L) u``: the job must step 1/L."""
+    if hello.compressor not in DIRECTIONAL_COMPRESSORS:
+        raise Reject(
+            "wrong_semantics",
+            f"{hello.agent}: dir updates need compressor dense, topk or signtopk, "
+            f"not {hello.compressor!r}",
+        )
+    if fixed_step:
+        raise Reject(
+            "wrong_semantics",
+            f"{hello.agent}: dir updates are scaled for the step 1/L; this job configures "
+            "step_size (unset it, or run the agent with --curvature global)",
+        )
+
+
 def semantics_family(semantics: str) -> Family:
-    """``"ef21"`` for EF21 updates, ``"mean"`` for the others (plain, ef)."""
+    """``"ef21"`` for EF21 updates, ``"mean"`` for the others (plain, ef, dir).
+
+    ``dir`` (a directional step, pre-scaled for ``gamma = 1/L``) is averaged like a plain
+    update, so it can never share a job with ``ef21`` (whose step and state differ)."""
     return "ef21" if semantics == "ef21" else "mean"
 
 

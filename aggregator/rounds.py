@@ -279,7 +279,8 @@ class RoundEngine:
     def gamma(self) -> float:
         """The step size: configured, else 1/L with L from the hellos' L_i under
         ``step_rule`` (:mod:`aggregator.stepsize`; times ``ef21_step_factor`` in an EF21
-        job)."""
+        job). A job with ``dir`` agents steps exactly 1/L: they are family *mean* (factor
+        1), and admission refuses them when a step size is configured."""
         cfg = self.config
         if cfg.step_size is not None:
             return cfg.step_size
@@ -314,6 +315,7 @@ class RoundEngine:
             model=cfg.model,
             family=self.family,
             alone=all(a == agent for a in self.agents),
+            fixed_step=cfg.step_size is not None,
             limits=cfg.limits,
         )
         fam = semantics_family(hello.semantics)

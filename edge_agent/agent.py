@@ -24,8 +24,15 @@ import numpy.typing as npt
 
 from edge_agent import messages, topics
 from edge_agent.answers import Answers
-from edge_agent.compressors import Update, ValueDtype, compress
+from edge_agent.compressors import Semantics, Update, ValueDtype, compress
 from edge_agent.cost import ZERO, Cost, Traffic
+from edge_agent.curvature import (
+    DIRECTIONAL_COMPRESSORS,
+    dense_curvature,
+    directional_step,
+    scale_for_step,
+    select_directional,
+)
 from edge_agent.data import Dataset
 from edge_agent.downlink import Family, StateSnapshot, decode_downlink
 from edge_agent.errors import TransportError, WireFormatError
@@ -33,7 +40,7 @@ from edge_agent.feedback import FEEDBACK, Feedback
 from edge_agent.models import Model
 from edge_agent.profiles import CostProfile, MessageCost
 from edge_agent.replica import Replica
-from edge_agent.selection import Policy, make_price, parse_policy
+from edge_agent.selection import Policy, Price, make_price, parse_policy
 from edge_agent.transports import Message, Transport
 from edge_agent.wire import Snapshot, encode
 
@@ -41,6 +48,7 @@ log = logging.getLogger("edge_agent")
 
 FloatArray = npt.NDArray[np.float64]
 FeedbackName = Literal["none", "ef", "ef21"]
+CurvatureName = Literal["global", "directional"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,31 @@ class AgentConfig:
     max_rounds: int | None = None
     #: give up (``Agent.gave_up``) after this many refusals that cannot heal (answers.py)
     max_refusals: int = 3
+    #: "global": the aggregator's 1/L step along every update, T from ``policy``;
+    #: "directional": T priced with the curvature along the direction sent, the update
+    #: scaled so that the 1/L step moves x by t q (semantics ``dir``; docs/curvature.md).
+    curvature: CurvatureName = "global"
+
+    def __post_init__(self) -> None:
+        if self.curvature not in ("global", "directional"):
+            raise ValueError(f"curvature must be 'global' or 'directional', got {self.curvature!r}")
+        if self.curvature == "global":
+            return
+        if self.compressor != "dense" and self.compressor not in DIRECTIONAL_COMPRESSORS:
+            raise ValueError(
+                f"curvature='directional' needs compressor dense, topk or signtopk, "
+                f"not {self.compressor!r}"
+            )
+        if self.feedback != "none":
+            raise ValueError(
+                f"curvature='directional' prices the gradient itself: use feedback='none', "
+                f"not {self.feedback!r} (the bound does not cover error-feedback memories)"
+            )
+        if self.compressor != "dense" and self.policy != "cat":
+            raise ValueError(
+                f"curvature='directional' picks T itself (CAT with the directional gain): "
+                f"use policy='cat', not {self.policy!r}"
+            )
 
 
 @dataclass
@@ -221,7 +254,11 @@ class Agent:
             if smoothness is not None
             else model.smoothness(data, rng=np.random.default_rng(config.seed))
         )
-        family: Family = "ef21" if self.feedback.semantics == "ef21" else "mean"
+        #: what the updates carry: the feedback's semantics, or ``dir`` (family *mean*)
+        self.semantics: Semantics = (
+            "dir" if config.curvature == "directional" else self.feedback.semantics
+        )
+        family: Family = "ef21" if self.semantics == "ef21" else "mean"
         #: the model copy, kept bit-identical to the aggregator's (or its broadcast model)
         self.replica = Replica(model.d, family)
         self.sent_version: int | None = None
@@ -280,7 +317,7 @@ class Agent:
             smoothness=self.smoothness,
             model=self.model.kind,
             compressor=self.config.compressor,
-            semantics=self.feedback.semantics,
+            semantics=self.semantics,
             policy=self.config.policy,
             profile=self.profile.name,
             objective=self.profile.objective,
@@ -510,16 +547,33 @@ class Agent:
             seq=self.seq,
             value_dtype=cfg.value_dtype,
         )
-        chosen = self.policy.choose(v, cfg.compressor, price, self.rounds)
-        t = max(cfg.t_min, min(chosen.t, cfg.t_max or v.size, v.size))
+        step: float | None = None  # the directional step t along q, if any
+        if cfg.curvature == "directional":
+            t, order, step = self._choose_directional(v, price)
+        else:
+            chosen = self.policy.choose(v, cfg.compressor, price, self.rounds)
+            t = max(cfg.t_min, min(chosen.t, cfg.t_max or v.size, v.size))
+            order = (
+                chosen.indices if chosen.indices is not None and chosen.indices.size == t else None
+            )
         t2 = time.perf_counter()
-        order = chosen.indices if chosen.indices is not None and chosen.indices.size == t else None
         update = compress(
             v, cfg.compressor, t, rng=self.rng, value_dtype=cfg.value_dtype, order=order
         )
-        update = _with_semantics(update, self.feedback)
+        if step is not None:
+            update = scale_for_step(update, step, self.smoothness, value_dtype=cfg.value_dtype)
+        update = _with_semantics(update, self.semantics)
         t3 = time.perf_counter()
-        blob = encode(update, job=cfg.job, agent=cfg.agent_id, round=self.version, seq=self.seq)
+        # value_dtype: the signtopk scale travels in the configured dtype (the price assumed
+        # it, and the agent's memories and the directional step were rounded to it)
+        blob = encode(
+            update,
+            job=cfg.job,
+            agent=cfg.agent_id,
+            round=self.version,
+            seq=self.seq,
+            value_dtype=cfg.value_dtype,
+        )
         t4 = time.perf_counter()
         cost = self._publish(self._topic_update, blob, update=True)
         t5 = time.perf_counter()
@@ -554,6 +608,20 @@ class Agent:
         if self.on_round is not None:
             self.on_round(entry)
         return entry
+
+    def _choose_directional(
+        self, g: FloatArray, price: Price
+    ) -> tuple[int, npt.NDArray[np.int64] | None, float]:
+        """T, its entries (None: dense) and the step t along q, from this agent's own rows:
+        CAT with the directional gain for topk/signtopk, ``1/L_g`` along g for dense."""
+        cfg = self.config
+        if cfg.compressor == "dense":
+            gg, bound = dense_curvature(g, self.model, self.data)
+            return g.size, None, directional_step(gg, bound)
+        sel = select_directional(
+            g, cfg.compressor, price, self.model, self.data, t_min=cfg.t_min, t_max=cfg.t_max
+        )
+        return sel.t, sel.indices, sel.step
 
     def _resend(self) -> None:
         self._resend_wanted = False
@@ -614,7 +682,7 @@ class Agent:
         return 0.0 if self.x is None else now - self._last_progress
 
 
-def _with_semantics(update: Update, feedback: Feedback) -> Update:
-    if update.semantics == feedback.semantics:
+def _with_semantics(update: Update, semantics: Semantics) -> Update:
+    if update.semantics == semantics:
         return update
-    return replace(update, semantics=feedback.semantics)
+    return replace(update, semantics=semantics)

@@ -120,6 +120,7 @@ def _build_agent(args: argparse.Namespace) -> Agent:
         resend_s=None if args.resend_s <= 0 else args.resend_s,
         duty_cycle=args.duty_cycle,
         max_rounds=args.max_rounds,
+        curvature=args.curvature,
         max_refusals=args.max_refusals,
     )
     transport = open_transport(
@@ -269,7 +270,7 @@ def cmd_data_generate(args: argparse.Namespace) -> int:
     from edge_agent.data import make_rcv1_like, write_libsvm, write_npz
 
     rng = np.random.default_rng(args.seed)
-    ds = make_rcv1_like(args.rows, args.features, rng=rng)
+    ds = make_rcv1_like(args.rows, args.features, rng=rng, idf=not args.no_idf)
     return _write_shards(ds, args, write_libsvm if args.format == "svm" else write_npz, rng)
 
 
@@ -391,6 +392,17 @@ def build_parser() -> argparse.ArgumentParser:
         "(none, ef): others must match (default: ef21, which converges with many agents; "
         "none with --curvature directional)",
     )
+    run.add_argument(
+        "--curvature",
+        default="global",
+        choices=["global", "directional"],
+        help="global: T from --policy, the aggregator steps 1/L along every update; "
+        "directional: T priced with a bound on the curvature of this shard's objective along "
+        "the direction sent, and the update scaled so the aggregator's 1/L step moves x by "
+        "the best step along it (semantics 'dir'; dense: step 1/L_g). Needs --feedback none, "
+        "--policy cat and compressor dense, topk or signtopk; guaranteed for one agent only "
+        "(docs/curvature.md)",
+    )
     run.add_argument("--value-dtype", default="float32", choices=["float32", "float16", "float64"])
     run.add_argument(
         "--duty-cycle",
@@ -483,6 +495,11 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "generate":
             p.add_argument("--rows", type=int, default=2000)
             p.add_argument("--features", type=int, default=47236)
+            p.add_argument(
+                "--no-idf",
+                action="store_true",
+                help="values log-tf only (no idf weighting) before the unit-norm scaling",
+            )
             p.set_defaults(func=cmd_data_generate)
         else:
             p.add_argument("file", help="data file to split")

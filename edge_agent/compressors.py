@@ -33,13 +33,14 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 ValueDtype = Literal["float32", "float16", "float64"]
-Semantics = Literal["plain", "ef", "ef21"]
+Semantics = Literal["plain", "ef", "ef21", "dir"]
 VALUE_DTYPES: dict[str, np.dtype[np.floating]] = {
     "float32": np.dtype("<f4"),
     "float16": np.dtype("<f2"),
     "float64": np.dtype("<f8"),
 }
-SEMANTICS: tuple[Semantics, ...] = ("plain", "ef", "ef21")
+#: wire code = position (docs/wire-format.md section 3.2); never renumbered
+SEMANTICS: tuple[Semantics, ...] = ("plain", "ef", "ef21", "dir")
 
 
 @dataclass(frozen=True, eq=False)
@@ -49,8 +50,10 @@ class Update:
     ``indices`` are sorted ascending and distinct (``None`` for dense). ``values`` hold the
     T transmitted values in the wire dtype; for ``signtopk`` they are the signs (+1/-1, int8)
     and ``scale`` is the common magnitude s. ``semantics`` says how the aggregator applies
-    it: ``plain`` (a gradient estimate), ``ef`` (residual error feedback) or ``ef21``
-    (a compressed *change* c_i of the agent's EF21 state).
+    it: ``plain`` (a gradient estimate), ``ef`` (residual error feedback), ``ef21``
+    (a compressed *change* c_i of the agent's EF21 state) or ``dir`` (a directional step
+    already scaled so that the aggregator's ``1/L`` step moves ``x`` by ``t q``;
+    docs/curvature.md).
     """
 
     compressor: str

@@ -30,6 +30,7 @@ def make_rcv1_like(
     zipf_exponent: float = 1.1,
     label_noise: float = 0.05,
     signal_density: float = 0.1,
+    idf: bool = True,
 ) -> Dataset:
     """Generate a sparse binary text-classification set shaped like RCV1 (LYRL2004 binary).
 
@@ -42,8 +43,9 @@ def make_rcv1_like(
       (duplicates are redrawn for up to 64 rounds, so a few very long rows
       may end slightly short).
     * Values are log-tf times idf (``tf = 1 + log c``, ``c`` geometric;
-      ``idf = 1 + log((1 + n_rows) / (1 + df))``), then every row is scaled to
-      unit Euclidean norm, as RCV1 is.
+      ``idf = 1 + log((1 + n_rows) / (1 + df))``; ``idf=False``: log-tf only, so
+      popular columns keep their weight), then every row is scaled to unit
+      Euclidean norm, as RCV1 is.
     * Labels: ``sign(A w)`` for a sparse ground truth ``w`` (a fraction
       ``signal_density`` of features, standard normal weights, the top 1 %
       most popular "stop words" carry no weight); ties broken at random;
@@ -97,9 +99,9 @@ def make_rcv1_like(
     cols = keys % n_features
 
     df = np.bincount(cols, minlength=n_features)
-    idf = 1.0 + np.log((1.0 + n_rows) / (1.0 + df))
+    weight = 1.0 + np.log((1.0 + n_rows) / (1.0 + df)) if idf else np.ones(n_features)
     tf = 1.0 + np.log(rng.geometric(0.5, size=keys.size).astype(np.float64))
-    values = tf * idf[cols]
+    values = tf * weight[cols]
     norms = np.sqrt(np.bincount(row_ids, weights=values * values, minlength=n_rows))
     values /= norms[row_ids]
     counts = np.bincount(row_ids, minlength=n_rows)

@@ -143,6 +143,7 @@ def open_fleet(
                 compressor=method.compressor,
                 policy=method.policy,
                 feedback=method.feedback,
+                curvature=method.curvature,
                 seed=agent_seed(problem.seed, i),
                 resend_s=None,
                 duty_cycle="ignore",

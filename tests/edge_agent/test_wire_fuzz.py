@@ -68,7 +68,7 @@ def _pool(rng: np.random.Generator) -> list[bytes]:
                             d,
                             idx,
                             vals,
-                            semantics=("plain", "ef", "ef21")[int(rng.integers(3))],
+                            semantics=("plain", "ef", "ef21", "dir")[int(rng.integers(4))],
                         )
                     out.append(
                         encode(

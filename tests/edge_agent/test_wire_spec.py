@@ -27,7 +27,7 @@ SPEC = Path(__file__).resolve().parents[2] / "docs" / "wire-format.md"
 MAGIC = b"\xca\x7e"
 COMPRESSORS = {0: "dense", 1: "topk", 2: "signtopk", 3: "randk"}
 DTYPES = {0: ("float32", "<f4"), 1: ("float16", "<f2"), 2: ("float64", "<f8")}
-SEMANTICS = {0: "plain", 1: "ef", 2: "ef21"}
+SEMANTICS = {0: "plain", 1: "ef", 2: "ef21", 3: "dir"}  # section 2, flags bits 2-3
 ID_CHARS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 MAX_U63 = 2**63 - 1
 MAX_D = 2**32 - 1
@@ -399,7 +399,7 @@ def updates(draw: st.DrawFn) -> tuple[Update, dict[str, Any]]:
         else draw(st.one_of(st.integers(0, d), st.integers(0, min(d, 50)), st.just(d)))
     )
     dtype = draw(st.sampled_from(["float32", "float16", "float64"]))
-    semantics = draw(st.sampled_from(["plain", "ef", "ef21"]))
+    semantics = draw(st.sampled_from(["plain", "ef", "ef21", "dir"]))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     idx = None if compressor == "dense" else sample_indices(rng, d, t)
     scale = None
@@ -756,7 +756,6 @@ BAD_UPDATES = {
     "wrong type": _patched(_topk_blob(), 3, b"\x02"),
     "unknown compressor": _patched(_topk_blob(), 4, b"\x04"),
     "dtype code 3": _patched(_topk_blob(), 5, b"\x03"),
-    "semantics code 3": _patched(_topk_blob(), 5, b"\x0c"),
     "reserved flag bit": _patched(_topk_blob(), 5, b"\x10"),
     "empty job": _patched(_topk_blob(), 6, b"\x00", 5),
     "job with a slash": _patched(_topk_blob(), 7, b"d/mo", 4),
