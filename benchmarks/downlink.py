@@ -23,8 +23,12 @@ fleet of docs/results.md, cycled. After ``--warmup`` rounds, for ``--rounds`` ro
 
 One JSON line per (method, downlink mode, N): medians over the measured rounds, ``ratio`` =
 downlink / uplink (``target`` 1.0: the issue asks for no more), ``over_target_pct`` (how
-far above it, 0 when met), the broadcast's size and kind. Ratios, not absolute times: both
-sides are measured in the same run on the same machine.
+far above it, 0 when met), ``ratio_per_round`` (its smallest and largest round), the
+broadcast's ``kind``, ``bytes`` and ``indices`` (entries it carries: the relayed updates'
+T summed, or a delta's changed entries). Where decode's time goes: ``index_decode_ms``
+(the same index blocks decoded alone, one ``decode_indices`` call each) and
+``decode_ns_per_index``. Ratios, not absolute times: both sides are measured in the same
+run on the same machine.
 """
 
 from __future__ import annotations
