@@ -47,6 +47,7 @@ from aggregator.engine_types import (
 )
 from aggregator.guard import UpdateGuard
 from aggregator.outbound import Outbound, control_message
+from aggregator.refusals import Refusals
 from edge_agent import messages, wire
 from edge_agent.aggregation import EF21Mirror, MeanAccumulator, StepResult
 from edge_agent.compressors import Update
@@ -135,6 +136,7 @@ class RoundEngine:
         self._evaluator = evaluator
         self._pricer = Pricer(profiles)
         self._logged: set[str] = set()
+        self._refusals = Refusals(config.job)  # tells refused agents (rate-limited)
         self._topics = admission.TopicParser(config.job)
         self._down = Broadcast(config.job, d, config.downlink, window=config.downlink_window)
         self._evaluate()
@@ -161,6 +163,7 @@ class RoundEngine:
         with :func:`edge_agent.wire.decode_many`); used only for an update topic.
         """
         agent: str | None = None
+        kind = ""
         try:
             agent, kind = self._topics.parse(topic)
             blob = admission.check_payload(payload)
@@ -172,7 +175,8 @@ class RoundEngine:
                 return self._on_status(agent, blob, now)
             return self._on_request(agent, blob, now)
         except Reject as rej:
-            return self._reject(rej.reason, rej.detail, agent)
+            told = now if kind in ("hello", "update") else None  # refusals answer these only
+            return self._reject(rej.reason, rej.detail, agent, told)
         except Exception as exc:  # a bug must not kill the ingest loop
             log.exception("internal error handling %s", topic[:80])
             return self._reject("internal_error", f"{type(exc).__name__}: {exc}", agent)
@@ -649,7 +653,11 @@ class RoundEngine:
         self.loss = float(loss)
         self.accuracy = None if accuracy is None else float(accuracy)
 
-    def _reject(self, reason: str, detail: str, agent: str | None) -> Effects:
+    def _reject(
+        self, reason: str, detail: str, agent: str | None, now: float | None = None
+    ) -> Effects:
+        """Count a rejection; with ``now`` (a hello or update from ``agent``), also tell the
+        agent when the reason concerns it (:mod:`aggregator.refusals`, rate-limited)."""
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
         if agent is not None and agent in self.agents:
             self.agents[agent].rejected += 1
@@ -659,7 +667,10 @@ class RoundEngine:
             reason,
             f" ({detail})" if detail else "",
         )
-        return Effects(reason=reason)
+        if agent is None or now is None:
+            return Effects(reason=reason)
+        told = self._refusals.tell(agent, reason, detail, now, self.version)
+        return Effects(reason=reason) if told is None else Effects(outbound=(told,), reason=reason)
 
     def _log_once(self, key: str, fmt: str, *args: object) -> None:
         if key not in self._logged:
