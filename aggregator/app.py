@@ -102,7 +102,8 @@ def get_agent(agent_id: str, service: ServiceDep) -> AgentOut:
 @router.get("/history", tags=["job"], summary="Committed rounds after version `since`")
 def get_history(
     service: ServiceDep,
-    since: Annotated[int, Query(ge=0, description="Return versions > since.")] = 0,
+    # le: SQLite integers are int64; a larger value is a client error (422), not a 500
+    since: Annotated[int, Query(ge=0, le=2**63 - 1, description="Return versions > since.")] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> HistoryOut:
     return HistoryOut(

@@ -9,14 +9,17 @@ round whose step overflows after it was admitted, and a job an older version fin
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from fastapi.testclient import TestClient
 
 from aggregator.admission import Limits
+from aggregator.app import create_app
 from aggregator.rounds import EngineConfig, RoundEngine
-from aggregator.settings import SettingsError, load_settings
+from aggregator.settings import Settings, SettingsError, load_settings
 from edge_agent import messages, topics, wire
 from edge_agent.compressors import Update
 
@@ -216,3 +219,13 @@ def test_the_bounds_and_the_step_rule_are_settings() -> None:
         load_settings(d=D, min_smoothness=10.0, max_smoothness=1.0)
     with pytest.raises(SettingsError, match="AGG_STEP_RULE"):
         load_settings(d=D, step_rule="trimmed")
+
+
+@pytest.mark.parametrize("since", [2**63, 10**30, -1])
+def test_history_since_beyond_int64_is_a_validation_error(
+    since: int, memory_url: str, tmp_path: Path
+) -> None:
+    settings = Settings(d=D, transports=[memory_url], data_dir=tmp_path / "data")
+    with TestClient(create_app(settings)) as client:
+        assert client.get("/history", params={"since": 2**63 - 1}).status_code == 200
+        assert client.get("/history", params={"since": since}).status_code == 422
