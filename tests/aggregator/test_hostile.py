@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from aggregator.admission import Limits
 from aggregator.app import create_app
 from aggregator.rounds import EngineConfig, RoundEngine
-from aggregator.settings import Settings, SettingsError, load_settings
+from aggregator.settings import SettingsError, load_settings
 from edge_agent import messages, topics, wire
 from edge_agent.compressors import Update
 
@@ -225,7 +225,7 @@ def test_the_bounds_and_the_step_rule_are_settings() -> None:
 def test_history_since_beyond_int64_is_a_validation_error(
     since: int, memory_url: str, tmp_path: Path
 ) -> None:
-    settings = Settings(d=D, transports=[memory_url], data_dir=tmp_path / "data")
+    settings = load_settings(d=D, transports=[memory_url], data_dir=tmp_path / "data")
     with TestClient(create_app(settings)) as client:
         assert client.get("/history", params={"since": 2**63 - 1}).status_code == 200
         assert client.get("/history", params={"since": since}).status_code == 422
