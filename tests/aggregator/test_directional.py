@@ -186,12 +186,13 @@ def test_admission_refuses_dir_where_the_step_cannot_hold(
 
 # ------------------------------------------------------------------ the simulator
 def test_agent_config_refuses_directional_where_it_is_undefined() -> None:
-    for bad in (
+    bads: list[dict[str, Any]] = [
         {"compressor": "randk"},
         {"feedback": "ef21"},
         {"policy": "fixed:5"},
         {"curvature": "local"},
-    ):
+    ]
+    for bad in bads:
         with pytest.raises(ValueError, match="curvature"):
             AgentConfig(job=JOB, agent_id="a", **{"curvature": "directional", **bad})
 
