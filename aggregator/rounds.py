@@ -31,7 +31,7 @@ from typing import Any, Final, Literal, NamedTuple, Protocol
 
 import numpy as np
 
-from aggregator import admission, engine_state, safety, stepsize
+from aggregator import admission, engine_state, presence, safety, stepsize
 from aggregator.accounting import Pricer, ProfileLookup, RoundCosts, RoundRecord, Spend
 from aggregator.admission import REJECT_REASONS, Decoded, Family, Reject, semantics_family
 from aggregator.broadcast import Broadcast, downlink_interval_s
@@ -359,11 +359,8 @@ class RoundEngine:
         info = self.agents.get(agent)
         if info is None:
             raise Reject("unknown_agent", agent)
-        info.state = status.state
-        info.live = status.state == "online"
-        if info.live:
-            info.last_seen = max(info.last_seen, now)
-        return Effects(journal=True)
+        changed = presence.apply_status(info, status.state, now, self.config.liveness_timeout_s)
+        return _JOURNAL_ONLY if changed else _NOTHING  # a repeat is not journalled
 
     def _on_request(self, agent: str, blob: bytes, now: float) -> Effects:
         have = admission.check_request(blob).have

@@ -13,7 +13,8 @@ Threads:
      versions committed (one SQLite transaction);
   3. if a new model version was committed: writes the checkpoint (every
      ``checkpoint_every`` versions; default 1, i.e. every version; a control command
-     always checkpoints);
+     always checkpoints; and whenever the journal since the last checkpoint reaches the
+     store's bound, so it stays bounded while no version commits);
   4. only then publishes the outbound messages to *every* transport (a run of deltas, one
      per version the batch committed, goes out as one merged delta: agents only ever
      hold published versions).
@@ -341,7 +342,11 @@ class AggregatorService:
             applied = self._apply(eng, batch, decoded)
             self._charge_dense_down(eng, applied.records)
             self._uncheckpointed += len(applied.records)
-            checkpoint = applied.changed or self._uncheckpointed >= self.settings.checkpoint_every
+            checkpoint = (
+                applied.changed
+                or self._uncheckpointed >= self.settings.checkpoint_every
+                or self._store.journal_due(applied.entries)  # bounded disk: trims the journal
+            )
             snap = eng.export() if checkpoint else None
             agents = [a.copy() for a in eng.agents.values()] if applied.records else []
             rejected = dict(eng.rejected) if applied.records else None

@@ -29,6 +29,15 @@ same transaction as the history rows of the versions those inputs committed (so 
 can leave a version in a checkpoint without its history row), and it is trimmed only up
 to the *previous* checkpoint's mark, so falling back to ``.prev`` still
 finds every row it needs. Temporary files left by a crash are ignored and removed.
+
+Bounded disk: a checkpoint captures the state, so the rows before it are only kept for
+the fallback. When no version commits (a paused job, a flood of hellos or status
+changes) the journal would grow with every input; :meth:`Store.journal_due` tells the
+service to write a checkpoint once ``journal_max_entries`` rows or ``journal_max_bytes``
+payload bytes were appended since the last one, which trims the journal to what the
+fallback needs. So the journal never holds more than two windows (each at most the limit
+plus one ingest batch), and the SQLite write-ahead log is truncated to
+``WAL_SIZE_LIMIT`` after each of its checkpoints (docs/operating.md, Bounded disk).
 """
 
 from __future__ import annotations
@@ -62,6 +71,14 @@ _TMP_PREFIX: Final = ".checkpoint-"
 _ARRAYS: Final = ("x", "acc", "h", "sum_h", "seen")
 #: what a file holds instead of a dense ``acc``: the open round's accumulator is sparse
 _STORED_ARRAYS: Final = ("x", "acc_index", "acc_value", "h", "sum_h", "seen")
+#: journal rows appended since the last checkpoint that make the service write one
+JOURNAL_MAX_ENTRIES: Final = 4096
+#: journal payload bytes (topic + payload + a row's fixed overhead) that do the same
+JOURNAL_MAX_BYTES: Final = 32 * 2**20
+#: bytes one journal row costs besides its topic and payload (id, kind, now; an estimate)
+_ROW_OVERHEAD: Final = 32
+#: the size SQLite truncates the write-ahead log file to after a WAL checkpoint
+WAL_SIZE_LIMIT: Final = 8 * 2**20
 
 JournalKind = Literal["msg", "tick", "control"]
 
@@ -238,6 +255,7 @@ def _open_history(path: Path) -> sqlite3.Connection:
         # NORMAL in WAL mode: durable across a process crash (SIGKILL); a power cut may lose
         # the last transactions, never corrupt the database.
         db.execute("PRAGMA synchronous=NORMAL")
+        db.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")  # the -wal file is bounded
         problems = [str(r[0]) for r in db.execute("PRAGMA quick_check").fetchall()]
         if problems != ["ok"]:
             raise sqlite3.DatabaseError("; ".join(problems[:3]))
@@ -265,9 +283,28 @@ def _fsync_dir(path: Path) -> None:
 
 
 class Store:
-    """The aggregator's disk state in ``data_dir``. Thread-safe (one internal lock)."""
+    """The aggregator's disk state in ``data_dir``. Thread-safe (one internal lock).
 
-    def __init__(self, data_dir: str | os.PathLike[str]) -> None:
+    ``journal_max_entries`` / ``journal_max_bytes``: the journal appended since the last
+    checkpoint that makes :meth:`journal_due` true (see the module doc, Bounded disk).
+    """
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        *,
+        journal_max_entries: int = JOURNAL_MAX_ENTRIES,
+        journal_max_bytes: int = JOURNAL_MAX_BYTES,
+    ) -> None:
+        if journal_max_entries < 1 or journal_max_bytes < 1:
+            raise ValueError(
+                f"journal_max_entries={journal_max_entries} and journal_max_bytes="
+                f"{journal_max_bytes} must be >= 1 (they bound the journal between checkpoints)"
+            )
+        self.journal_max_entries = journal_max_entries
+        self.journal_max_bytes = journal_max_bytes
+        self._pending_entries = 0  # journal rows appended since the last checkpoint
+        self._pending_bytes = 0
         self.dir = Path(data_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
@@ -321,7 +358,26 @@ class Store:
                     self._db.execute("ROLLBACK")
                     raise
                 self._db.execute("COMMIT")
+                self._pending_entries += len(entries)
+                self._pending_bytes += _journal_bytes(entries)
             return self._last_journal_id()
+
+    def journal_due(self, more: Sequence[JournalEntry] = ()) -> bool:
+        """Whether the journal since the last checkpoint, plus ``more`` (the entries about
+        to be appended), reaches ``journal_max_entries`` rows or ``journal_max_bytes``:
+        then write a checkpoint, which trims it (see the module doc, Bounded disk)."""
+        with self._lock:
+            rows = self._pending_entries + len(more)
+            size = self._pending_bytes + _journal_bytes(more)
+        return rows >= self.journal_max_entries or size >= self.journal_max_bytes
+
+    def journal_size(self) -> tuple[int, int]:
+        """(rows, topic + payload bytes) held in the journal table now."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(LENGTH(topic) + LENGTH(payload)), 0) FROM journal"
+            ).fetchone()
+        return int(row[0]), int(row[1])
 
     def _last_journal_id(self) -> int:
         row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'journal'").fetchone()
@@ -365,6 +421,7 @@ class Store:
             raise
         with self._lock:
             self._db.execute("DELETE FROM journal WHERE id <= ?", (self._prev_hwm,))
+            self._pending_entries = self._pending_bytes = 0
         self._prev_hwm = journal_hwm
 
     def load_checkpoint(self) -> LoadedCheckpoint | None:
@@ -469,6 +526,10 @@ class Store:
         with self._lock:
             row = self._db.execute("SELECT MAX(version) FROM rounds").fetchone()
         return None if row is None or row[0] is None else int(row[0])
+
+
+def _journal_bytes(entries: Sequence[JournalEntry]) -> int:
+    return sum(len(e.topic) + len(e.payload) + _ROW_OVERHEAD for e in entries)
 
 
 def _round_row(r: RoundRecord) -> tuple[Any, ...]:
