@@ -38,7 +38,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from aggregator.admission import Limits
+from aggregator.admission import MAX_PAYLOAD_BYTES, Limits
 from aggregator.rounds import EngineConfig
 from edge_agent import topics
 from edge_agent.errors import CatEdgeError
@@ -158,6 +158,24 @@ class Settings(BaseSettings):
     mqtt_cert_file: Path | None = None
     mqtt_key_file: Path | None = None
     mqtt_tls_insecure: bool = False
+    # --- ZeroMQ options forwarded to zmq+tcp:// transports (docs/operating.md)
+    zmq_secret_key_file: Path | None = Field(
+        None, description="The aggregator's CurveZMQ secret key: CURVE on both sockets."
+    )
+    zmq_agents_dir: Path | None = Field(
+        None,
+        description="Directory of <agent-id>.key public keys: only these agents may connect, "
+        "each only as itself (needs AGG_ZMQ_SECRET_KEY_FILE).",
+    )
+    zmq_max_message_bytes: int | None = Field(
+        None,
+        ge=1024,
+        le=MAX_PAYLOAD_BYTES,
+        description="Largest inbound ZeroMQ frame; a peer sending more is disconnected before "
+        "it is read (unset: 16 * d + 1 MiB, at most the engine's 256 MiB cap).",
+    )
+    zmq_sndhwm: int = Field(1000, ge=1, description="ZeroMQ send queue per peer (messages).")
+    zmq_rcvhwm: int = Field(1000, ge=1, description="ZeroMQ receive queue per peer (messages).")
 
     _token: str | None = PrivateAttr(default=None)
 
@@ -189,6 +207,11 @@ class Settings(BaseSettings):
     def _resolve(self) -> Settings:
         if self.api_token is not None and self.api_token_file is not None:
             raise ValueError("set only one of AGG_API_TOKEN and AGG_API_TOKEN_FILE")
+        if self.zmq_agents_dir is not None and self.zmq_secret_key_file is None:
+            raise ValueError(
+                "AGG_ZMQ_AGENTS_DIR needs AGG_ZMQ_SECRET_KEY_FILE (agent keys are checked on "
+                "CURVE sockets only; make a key pair with `edge-agent keys zmq --server`)"
+            )
         if self.min_smoothness > self.max_smoothness:
             raise ValueError("AGG_MIN_SMOOTHNESS must be <= AGG_MAX_SMOOTHNESS")
         if self.mode == "async" and self.dedupe_window < self.max_staleness:
@@ -250,9 +273,32 @@ class Settings(BaseSettings):
             ),
         )
 
+    @property
+    def zmq_message_cap(self) -> int:
+        """Largest inbound ZeroMQ frame in bytes (AGG_ZMQ_MAX_MESSAGE_BYTES or derived from d:
+        a dense update with 16 bytes per coordinate plus 1 MiB of headroom)."""
+        if self.zmq_max_message_bytes is not None:
+            return self.zmq_max_message_bytes
+        return min(MAX_PAYLOAD_BYTES, 16 * self.d + 2**20)
+
     def transport_options(self, url: str) -> dict[str, object]:
-        """Keyword options for ``open_transport(url, ...)``: MQTT credentials/TLS for MQTT URLs."""
-        if parse_url(url).scheme not in MQTT_SCHEMES:
+        """Keyword options for ``open_transport(url, ...)``: MQTT credentials/TLS for MQTT
+        URLs; CURVE keys, the message cap and the high-water marks for ZeroMQ URLs."""
+        parsed = parse_url(url)
+        scheme = parsed.scheme
+        if scheme == "zmq+tcp":
+            zmq_options: dict[str, object] = {
+                "max_message_bytes": self.zmq_message_cap,
+                "sndhwm": self.zmq_sndhwm,
+                "rcvhwm": self.zmq_rcvhwm,
+            }
+            if self.zmq_secret_key_file is not None:
+                zmq_options["curve_server_secret_file"] = str(self.zmq_secret_key_file)
+            if self.zmq_agents_dir is not None:
+                zmq_options["curve_agents_dir"] = str(self.zmq_agents_dir)
+            # An option spelled out in the URL's query string wins over the AGG_ZMQ_* value.
+            return {k: v for k, v in zmq_options.items() if k not in parsed.options}
+        if scheme not in MQTT_SCHEMES:
             return {}
         options: dict[str, object] = {}
         if self.mqtt_username is not None:

@@ -39,6 +39,43 @@ EXIT_CONFIG = 2
 EPILOG = "Docs: README.md and docs/ in the cat-edge repository."
 
 
+# --------------------------------------------------------------------------- keys
+
+
+def cmd_keys_zmq(args: argparse.Namespace) -> int:
+    """Write a CurveZMQ key pair and say where each file goes."""
+    from edge_agent.transports.zmq_auth import write_keypair
+
+    name = "server" if args.server else args.agent_id
+    public, secret = write_keypair(args.out, name)
+    if args.server:
+        print(f"aggregator secret key: {secret} (AGG_ZMQ_SECRET_KEY_FILE; keep it on the server)")
+        print(f"aggregator public key: {public} (give it to every agent: --zmq-server-key-file)")
+    else:
+        print(f"agent secret key: {secret} (this device only: --zmq-secret-key-file)")
+        print(f"agent public key: {public} (copy it into the aggregator's AGG_ZMQ_AGENTS_DIR)")
+    return 0
+
+
+def _add_keys_parser(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
+    keys = sub.add_parser(
+        "keys", help="make CurveZMQ key pairs (zmq+tcp:// authentication)", formatter_class=fmt
+    )
+    ksub = keys.add_subparsers(dest="keys_command", required=True, metavar="{zmq}")
+    kz = ksub.add_parser(
+        "zmq",
+        help="write <name>.key (public, 0644) and <name>.secret (0600); see docs/operating.md",
+        formatter_class=fmt,
+    )
+    kz.add_argument("--out", type=Path, required=True, help="directory to write the key pair to")
+    who = kz.add_mutually_exclusive_group(required=True)
+    who.add_argument("--agent-id", help="the agent the key is bound to (its file name)")
+    who.add_argument(
+        "--server", action="store_true", help="the aggregator's pair (server.key, server.secret)"
+    )
+    kz.set_defaults(func=cmd_keys_zmq)
+
+
 # --------------------------------------------------------------------------- run
 
 
@@ -58,7 +95,8 @@ def _transport_options(args: argparse.Namespace) -> dict[str, object]:
         if args.curve_secret_file:
             opts["curve_client_secret_file"] = args.curve_secret_file
     elif any(
-        getattr(args, n) for n in ("username", "password_file", "ca_file", "curve_server_key")
+        getattr(args, n)
+        for n in ("username", "password_file", "ca_file", "curve_server_key", "curve_secret_file")
     ):
         raise CatEdgeError(
             f"--server {args.server}: credentials and keys apply to mqtt://, mqtts:// or zmq+tcp:// only"
@@ -344,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
     sub = parser.add_subparsers(
-        dest="command", required=True, metavar="{run,profiles,data,calibrate}"
+        dest="command", required=True, metavar="{run,profiles,data,calibrate,keys}"
     )
 
     run = sub.add_parser(
@@ -445,14 +483,24 @@ def build_parser() -> argparse.ArgumentParser:
     sec.add_argument("--cert-file", default=None, help="client certificate for mqtts://")
     sec.add_argument("--key-file", default=None, help="client key for mqtts://")
     sec.add_argument(
+        "--zmq-server-key-file",
         "--curve-server-key",
+        dest="curve_server_key",
         default=None,
-        help="file with the aggregator's CurveZMQ public key (z85)",
+        help="file with the aggregator's CurveZMQ public key (z85): encrypts, and checks "
+        "that the server is the aggregator",
     )
     sec.add_argument(
-        "--curve-secret-file", default=None, help="this agent's CurveZMQ secret key file"
+        "--zmq-secret-key-file",
+        "--curve-secret-file",
+        dest="curve_secret_file",
+        default=None,
+        help="this agent's CurveZMQ secret key file (`edge-agent keys zmq`); needed when the "
+        "aggregator admits listed agent keys only (AGG_ZMQ_AGENTS_DIR)",
     )
     run.set_defaults(func=cmd_run)
+
+    _add_keys_parser(sub, fmt)
 
     prof = sub.add_parser(
         "profiles",

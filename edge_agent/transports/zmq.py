@@ -29,7 +29,11 @@ close() returns as soon as it is flushed; with the peer gone close() returns aft
 still holds when the linger expires is discarded without a count (ZeroMQ does not report it).
 
 Options: ``timeout_s`` (bind/connect setup, default 5), ``linger_ms`` (flush time at close,
-default 2000), ``sndhwm`` / ``rcvhwm`` (messages, default 1000), ``send_timeout_s``
+default 2000), ``sndhwm`` / ``rcvhwm`` (messages per peer queue, default 1000),
+``max_message_bytes`` (largest inbound frame, default 256 MiB: libzmq reads a frame's size
+before its body and disconnects a peer that announces more, so an oversized frame is never
+taken into memory; set on PULL and SUB, with a small allowance for CURVE framing),
+``send_timeout_s``
 (default 5), ``max_pending`` (default 10000), ``reconnect_ivl_ms`` (default 100),
 ``reconnect_ivl_max_ms`` (default 5000), ``heartbeat_ms`` (ZMTP ping interval, default 5000;
 a peer silent for 3 intervals is dropped and reconnected).
@@ -37,23 +41,29 @@ a peer silent for 3 intervals is dropped and reconnected).
 CurveZMQ (encryption + server authentication): the aggregator passes
 ``curve_server_secret_file``; an agent passes ``curve_server_public_key`` (z85, 40 chars) or
 ``curve_server_public_key_file``, and optionally ``curve_client_secret_file`` (an ephemeral
-client key pair is generated otherwise). Client keys are not checked by the aggregator (no
-ZAP handler): CURVE here protects against eavesdropping and against talking to an impostor
-aggregator, not against unknown agents. Make keys with :func:`generate_curve_keypair`.
+client key pair is generated otherwise).
+
+Client authentication: with ``curve_agents_dir`` (a directory of ``<agent-id>.key`` public
+keys) the aggregator also runs a ZAP handler (:mod:`edge_agent.transports.zmq_auth`) that
+admits only those keys, on both sockets (an unknown key can neither send nor read the
+broadcast), and binds each connection to its agent id: a message whose topic names another
+agent is dropped and counted in :attr:`ZmqTransport.refused` (``agent_mismatch``), a refused
+handshake as ``unauthenticated``. Agents then need ``curve_client_secret_file``. Without
+``curve_agents_dir`` any client key is accepted (encryption and server authentication only).
+Make keys with :func:`edge_agent.transports.zmq_auth.write_keypair` (``edge-agent keys zmq``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
-import os
 import queue
 import socket
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import zmq
@@ -63,6 +73,22 @@ from edge_agent import topics
 from edge_agent.errors import TransportError
 from edge_agent.transports.base import Message, Role, Transport
 from edge_agent.transports.url import OptionReader, parse_url
+from edge_agent.transports.zmq_auth import (
+    AgentAuthenticator,
+    AllowList,
+    curve_config,
+    generate_curve_keypair,
+    speaks_for,
+)
+
+__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "REFUSED_REASONS", "ZmqTransport", "generate_curve_keypair"]
+
+#: default cap on an inbound frame: the largest payload the aggregator's engine reads
+DEFAULT_MAX_MESSAGE_BYTES = 256 * 2**20
+#: added to max_message_bytes for the ZMTP/CURVE envelope of a frame (MESSAGE command, box)
+_FRAME_ALLOWANCE = 256
+#: the reasons counted in ZmqTransport.refused
+REFUSED_REASONS = ("unauthenticated", "agent_mismatch")
 
 log = logging.getLogger(__name__)
 
@@ -78,52 +104,6 @@ _HANDSHAKE_FAILED = (
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 )
-
-
-def generate_curve_keypair(
-    directory: str | os.PathLike[str], name: str = "curve"
-) -> tuple[Path, Path]:
-    """Write a CurveZMQ key pair as z85 text: ``<name>.public`` and ``<name>.secret`` (0600).
-
-    Returns (public_path, secret_path). Give the secret file to the process that owns it
-    (``curve_server_secret_file`` / ``curve_client_secret_file``) and the public key to peers.
-    """
-    if not zmq.has("curve"):
-        raise TransportError("this libzmq was built without CURVE support; install pyzmq wheels")
-    folder = Path(directory)
-    folder.mkdir(parents=True, exist_ok=True)
-    public, secret = zmq.curve_keypair()
-    public_path, secret_path = folder / f"{name}.public", folder / f"{name}.secret"
-    public_path.write_bytes(public + b"\n")
-    fd = os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(secret + b"\n")
-    return public_path, secret_path
-
-
-def _read_key(url: str, option: str, path: str) -> bytes:
-    try:
-        key = Path(path).read_bytes().strip()
-    except OSError as exc:
-        raise TransportError(f"{url}: cannot read {option} {path!r}: {exc.strerror}") from None
-    return _check_key(url, option, key)
-
-
-def _check_key(url: str, option: str, key: bytes) -> bytes:
-    if len(key) != 40:
-        raise TransportError(
-            f"{url}: {option} must be a 40-character z85 CURVE key (see "
-            f"generate_curve_keypair), got {len(key)} characters"
-        )
-    return key
-
-
-@dataclass(frozen=True, slots=True)
-class _Curve:
-    server: bool
-    public: bytes
-    secret: bytes
-    server_public: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,8 +143,15 @@ class ZmqTransport(Transport):
         self._reconnect_ivl_ms = opts.get_int("reconnect_ivl_ms", 100, minimum=1)
         self._reconnect_ivl_max_ms = opts.get_int("reconnect_ivl_max_ms", 5000)
         self._heartbeat_ms = opts.get_int("heartbeat_ms", 5000)
-        self._curve = self._curve_config(opts)
+        self._max_message_bytes = opts.get_int(
+            "max_message_bytes", DEFAULT_MAX_MESSAGE_BYTES, minimum=1
+        )
+        self._curve = curve_config(self.url, self.role, opts)
         opts.finish()
+        self._host = parsed.host
+        self._refused = dict.fromkeys(REFUSED_REASONS, 0)
+        self._auth: AgentAuthenticator | None = None
+        self._allow: AllowList | None = None
 
         self._commands: queue.SimpleQueue[_Publish | _Subscribe] = queue.SimpleQueue()
         self._patterns: tuple[str, ...] = ()  # replaced, never mutated: read lock-free
@@ -179,47 +166,6 @@ class ZmqTransport(Transport):
         self._connected = False
         self._closed = False
 
-    def _curve_config(self, opts: OptionReader) -> _Curve | None:
-        server_secret_file = opts.get_str("curve_server_secret_file")
-        server_public = opts.get_str("curve_server_public_key")
-        server_public_file = opts.get_str("curve_server_public_key_file")
-        client_secret_file = opts.get_str("curve_client_secret_file")
-        if self.role == "aggregator":
-            if server_public or server_public_file or client_secret_file:
-                raise TransportError(
-                    f"{self.url}: the aggregator takes only curve_server_secret_file; "
-                    "curve_server_public_key(_file) and curve_client_secret_file are agent options"
-                )
-            if server_secret_file is None:
-                return None
-            secret = _read_key(self.url, "curve_server_secret_file", server_secret_file)
-            return _Curve(server=True, public=zmq.curve_public(secret), secret=secret)
-        if server_secret_file is not None:
-            raise TransportError(
-                f"{self.url}: curve_server_secret_file is an aggregator option; agents take "
-                "curve_server_public_key (or _file) and optionally curve_client_secret_file"
-            )
-        if server_public is not None and server_public_file is not None:
-            raise TransportError(
-                f"{self.url}: give curve_server_public_key or curve_server_public_key_file, not both"
-            )
-        if server_public_file is not None:
-            server_key = _read_key(self.url, "curve_server_public_key_file", server_public_file)
-        elif server_public is not None:
-            server_key = _check_key(self.url, "curve_server_public_key", server_public.encode())
-        else:
-            if client_secret_file is not None:
-                raise TransportError(
-                    f"{self.url}: curve_client_secret_file needs curve_server_public_key"
-                )
-            return None
-        if client_secret_file is not None:
-            secret = _read_key(self.url, "curve_client_secret_file", client_secret_file)
-            public = zmq.curve_public(secret)
-        else:
-            public, secret = zmq.curve_keypair()
-        return _Curve(server=False, public=public, secret=secret, server_public=server_key)
-
     # -- the contract --------------------------------------------------------------------
 
     @property
@@ -227,6 +173,56 @@ class ZmqTransport(Transport):
         """Aggregator: both sockets bound. Agent: the PUSH socket has completed a handshake
         with the aggregator and not lost it since."""
         return self._connected
+
+    @property
+    def refused(self) -> dict[str, int]:
+        """Counts of what client authentication refused (a copy): ``unauthenticated``
+        handshakes (key not in ``curve_agents_dir``) and ``agent_mismatch`` messages (topic
+        names another agent than the connection's key). Also counted in ``stats.dropped``
+        (the mismatches)."""
+        with self._stats_lock:
+            return dict(self._refused)
+
+    def _refuse(self, reason: str, detail: str = "") -> None:
+        with self._stats_lock:
+            self._refused[reason] += 1
+        if reason != "unauthenticated":  # handshakes are not messages: logged by the list
+            self._drop(reason, detail)
+
+    def _warn_if_open(self) -> None:
+        """Log once at start when the aggregator serves ZeroMQ to a network without checking
+        who connects (the default is fine on loopback only)."""
+        if self.role != "aggregator" or _is_loopback(self._host):
+            return
+        if self._curve is None:
+            log.warning(
+                "%s: serving ZeroMQ without CURVE on a non-loopback address: anyone who "
+                "reaches the port can join, speak for any agent and read the model; for "
+                "trusted networks only (set AGG_ZMQ_SECRET_KEY_FILE and AGG_ZMQ_AGENTS_DIR, "
+                "docs/operating.md)",
+                self.url,
+            )
+        elif self._curve.agents_dir is None:
+            log.warning(
+                "%s: CURVE without an allow-list of agent keys: any client key is admitted "
+                "(set AGG_ZMQ_AGENTS_DIR / curve_agents_dir to authenticate agents)",
+                self.url,
+            )
+
+    def _start_auth(self, ctx: zmq.Context[Any]) -> None:
+        """Start the ZAP handler on ``ctx`` (before any socket binds) if keys are checked."""
+        curve = self._curve
+        if curve is None or curve.agents_dir is None:
+            return
+        self._allow = AllowList(curve.agents_dir, lambda _key: self._refuse("unauthenticated"))
+        if not len(self._allow):
+            log.warning(
+                "%s: no <agent-id>.key files in %s yet: every agent is refused until one is added",
+                self.url,
+                curve.agents_dir,
+            )
+        self._auth = AgentAuthenticator(ctx, self._allow)
+        self._auth.start()
 
     def connect(self) -> None:
         """Start the I/O thread, bind (aggregator) or connect (agent). An agent does not wait
@@ -240,6 +236,14 @@ class ZmqTransport(Transport):
             self._ready.clear()
             self._start_error = None
             self._ctx = zmq.Context(io_threads=1)
+            try:
+                self._start_auth(self._ctx)
+            except BaseException:
+                self._stop_auth()
+                self._ctx.term()
+                self._ctx = None
+                raise
+            self._warn_if_open()
             self._wake_r, self._wake_w = socket.socketpair()
             self._wake_r.setblocking(False)
             self._wake_w.setblocking(False)
@@ -316,6 +320,7 @@ class ZmqTransport(Transport):
                 log.error("%s: I/O thread did not stop; leaking it and its context", self.url)
                 self._ctx = None
         if self._ctx is not None:
+            self._stop_auth()
             # All sockets are closed by the I/O thread, the outbound one with what is left of
             # linger_ms after its flush: term() waits at most that long.
             self._ctx.term()
@@ -336,6 +341,11 @@ class ZmqTransport(Transport):
         if unsent:
             self._drop("unsent at close", "the I/O thread was not running", n=unsent)
 
+    def _stop_auth(self) -> None:
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
+
     def _configure(self, sock: zmq.Socket[Any], *, connect_side: bool) -> None:
         # Only outbound sockets have anything worth flushing at close; a SUB would otherwise
         # wait out the linger trying to deliver its subscriptions to a vanished publisher.
@@ -343,6 +353,8 @@ class ZmqTransport(Transport):
         sock.setsockopt(zmq.LINGER, self._linger_ms if sends else 0)
         sock.setsockopt(zmq.SNDHWM, self._sndhwm)
         sock.setsockopt(zmq.RCVHWM, self._rcvhwm)
+        if not sends:
+            sock.setsockopt(zmq.MAXMSGSIZE, self._max_message_bytes + _FRAME_ALLOWANCE)
         sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
         sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, 60)
         sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, 10)
@@ -537,9 +549,10 @@ class ZmqTransport(Transport):
             pending.popleft()
 
     def _receive(self, inbound: zmq.Socket[Any]) -> None:
+        bound = self._allow is not None  # every connection carries its agent id (User-Id)
         for _ in range(1000):  # bounded batch so outbound work is not starved
             try:
-                frames = inbound.recv_multipart(flags=zmq.NOBLOCK)
+                frames, user = _recv(inbound, with_user=bound)
             except zmq.Again:
                 return
             if len(frames) != 2:
@@ -551,6 +564,13 @@ class ZmqTransport(Transport):
                 topic = frames[0].decode()
             except UnicodeDecodeError:
                 self._drop("malformed message", "topic frame is not UTF-8")
+                continue
+            if bound and not speaks_for(topic, user):
+                self._refuse(
+                    "agent_mismatch",
+                    f"a key bound to agent {user!r} sent on {topic!r}; each key may send "
+                    "only its own agent's topics",
+                )
                 continue
             if any(topics.matches(p, topic) for p in self._patterns):
                 self._deliver(Message(topic, frames[1]))
@@ -585,3 +605,22 @@ class ZmqTransport(Transport):
             self._logged_reasons.add(reason)
         if first:
             log.warning("%s: %s (%s); will keep retrying", self.url, reason, fix)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: assume it is reachable from the network
+
+
+def _recv(sock: zmq.Socket[Any], *, with_user: bool) -> tuple[list[bytes], str | None]:
+    """One multipart message (non-blocking: zmq.Again when none) and, ``with_user``, the
+    ZAP User-Id of the connection it came on (the agent id its key is bound to)."""
+    if not with_user:
+        return sock.recv_multipart(flags=zmq.NOBLOCK), None
+    frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+    user = frames[0].get("User-Id")
+    return [f.bytes for f in frames], user if isinstance(user, str) else None
