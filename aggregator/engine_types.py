@@ -141,6 +141,10 @@ class AgentInfo:
     spend: Spend = field(default_factory=Spend)
     #: everything broadcast to it while it was live, priced on its profile's downlink part
     down: Cost = ZERO
+    #: every message it sent that reached the engine once it was known (hellos, status,
+    #: requests, refused and duplicate updates too), priced on its profile's uplink;
+    #: ``spend`` is the accepted updates only
+    sent: Cost = ZERO
     #: EF21: its state h_i was dropped; its updates are refused until a fresh hello
     needs_reset: bool = False
 
@@ -150,6 +154,7 @@ class AgentInfo:
         out["hello"] = self.hello.model_dump(mode="json")
         out["spend"] = self.spend.to_dict()
         out["down"] = self.down.to_dict()
+        out["sent"] = self.sent.to_dict()
         return out
 
     def copy(self) -> AgentInfo:
@@ -162,6 +167,7 @@ class AgentInfo:
         fields["hello"] = messages.Hello.model_validate(data["hello"])
         fields["spend"] = Spend.from_dict(data["spend"])
         fields["down"] = Cost.from_dict(data.get("down"))
+        fields["sent"] = Cost.from_dict(data.get("sent"))
         return cls(**fields)
 
 

@@ -9,7 +9,9 @@ docs/http-api.md): ``cat_rounds_total``, ``cat_updates_accepted_total``,
 their profiles' downlink part) ``cat_downlink_messages_total``, ``cat_downlink_bytes_total``,
 ``cat_downlink_packets_total``, ``cat_downlink_airtime_seconds_total``,
 ``cat_downlink_energy_joules_total``, ``cat_model_version``, ``cat_agents``,
-``cat_live_agents``, ``cat_loss``, ``cat_accuracy``, ``cat_up``,
+``cat_live_agents``, ``cat_loss``, ``cat_accuracy``, ``cat_up``, what the aggregator
+published by kind ``cat_published_messages_total{kind}``, ``cat_published_bytes_total{kind}``
+and ``cat_snapshot_answers_withheld_total`` (per-agent rate limit, aggregator.traffic),
 ``cat_round_latency_seconds`` (histogram), ``cat_update_entries`` (histogram of T).
 """
 
@@ -23,6 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from aggregator.accounting import RoundRecord
+from aggregator.outbound import PUBLISHED_KINDS
 from aggregator.rounds import REJECT_REASONS
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -79,9 +82,11 @@ class _EngineCollector(Collector):
         rejected = CounterMetricFamily(
             "cat_updates_rejected", "Messages rejected, by reason.", labels=["reason"]
         )
-        for reason in REJECT_REASONS:
+        extra = sorted(set(snap["rejected"]) - set(REJECT_REASONS))  # e.g. transport refusals
+        for reason in (*REJECT_REASONS, *extra):
             rejected.add_metric([reason], float(snap["rejected"].get(reason, 0)))
         yield rejected
+        yield from _published(snap.get("published") or {}, snap.get("snapshots_withheld", 0))
         gauges = [
             ("cat_model_version", "Current model version.", snap["version"]),
             ("cat_agents", "Agents that have said hello.", snap["agents"]),
@@ -111,6 +116,28 @@ def _downlink_counters(down: dict[str, Any]) -> list[tuple[str, str, Any]]:
         ("cat_downlink_airtime_seconds", f"Radio airtime {received}.", down.get("airtime_s", 0)),
         ("cat_downlink_energy_joules", f"Radio energy {received}.", down.get("energy_j", 0)),
     ]
+
+
+def _published(published: dict[str, Any], withheld: int) -> Iterator[Metric]:
+    """Every message the aggregator published, by kind (once per message, however many
+    transports carried it), and the snapshot answers the per-agent rate limit withheld."""
+    messages = CounterMetricFamily(
+        "cat_published_messages", "Messages the aggregator published, by kind.", labels=["kind"]
+    )
+    sizes = CounterMetricFamily(
+        "cat_published_bytes", "Payload bytes the aggregator published, by kind.", labels=["kind"]
+    )
+    for kind in dict.fromkeys([*PUBLISHED_KINDS, *published]):
+        count, size = published.get(kind, (0, 0))
+        messages.add_metric([kind], float(count))
+        sizes.add_metric([kind], float(size))
+    yield messages
+    yield sizes
+    yield CounterMetricFamily(
+        "cat_snapshot_answers_withheld",
+        "Snapshot answers to one agent withheld by the per-agent rate limit.",
+        value=float(withheld),
+    )
 
 
 class AggregatorMetrics:

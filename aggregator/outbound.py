@@ -83,11 +83,27 @@ class StepsParts:
         return head + sum(map(len, self.ops))
 
 
+#: What the aggregator publishes, by kind (``cat_published_messages_total{kind}``): on the
+#: job-wide topics ``steps``, ``delta`` (a version), ``snapshot`` (the retained model) and
+#: ``control``; on one agent's ``cat/<job>/to/<agent>`` ``catchup`` (merged steps or a
+#: delta it missed), ``agent_snapshot`` and ``agent_control``.
+PUBLISHED_KINDS: tuple[str, ...] = (
+    "steps",
+    "delta",
+    "snapshot",
+    "control",
+    "catchup",
+    "agent_snapshot",
+    "agent_control",
+)
+
+
 class Outbound:
     """A message to publish on every transport. A delta's or steps' bytes are encoded on
-    first use."""
+    first use. ``target``: the one agent it is addressed to (on ``cat/<job>/to/<agent>``,
+    see :func:`addressed`), None for the whole job."""
 
-    __slots__ = ("_payload", "delta", "retain", "steps", "topic")
+    __slots__ = ("_payload", "delta", "retain", "steps", "target", "topic")
 
     def __init__(
         self,
@@ -97,11 +113,13 @@ class Outbound:
         *,
         delta: DeltaParts | None = None,
         steps: StepsParts | None = None,
+        target: str | None = None,
     ) -> None:
         if (payload is not None) + (delta is not None) + (steps is not None) != 1:
             raise ValueError("an Outbound has exactly one of a payload, delta or steps parts")
         self.topic = topic
         self.retain = retain
+        self.target = target
         self.delta = delta
         self.steps = steps
         self._payload = payload
@@ -113,6 +131,19 @@ class Outbound:
             assert parts is not None
             self._payload = parts.encode()
         return self._payload
+
+    @property
+    def kind(self) -> str:
+        """One of :data:`PUBLISHED_KINDS` (a payload is a snapshot when it is a binary
+        downlink message, else a JSON control message)."""
+        if self.delta is not None or self.steps is not None:
+            if self.target is not None:
+                return "catchup"
+            return "delta" if self.delta is not None else "steps"
+        binary = self.payload[:2] == wire.MAGIC
+        if self.target is not None:
+            return "agent_snapshot" if binary else "agent_control"
+        return "snapshot" if binary else "control"
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Outbound):
@@ -126,6 +157,18 @@ class Outbound:
         what = f"{type(parts).__name__} {parts.base_version}->{parts.version}" if parts else ""
         size = f"{len(self._payload)} bytes" if self._payload is not None else "not encoded"
         return f"Outbound({self.topic!r}, {what or size}, retain={self.retain})"
+
+
+def addressed(out: Outbound, job: str, agent: str) -> Outbound:
+    """``out`` re-addressed to ``agent`` alone, on ``cat/<job>/to/<agent>`` (never
+    retained: a retained answer would greet the agent's next subscription with an old
+    model). The payload or parts are shared, not copied."""
+    topic = topics.to_agent(job, agent)
+    if out.delta is not None:
+        return Outbound(topic, delta=out.delta, target=agent)
+    if out.steps is not None:
+        return Outbound(topic, steps=out.steps, target=agent)
+    return Outbound(topic, out.payload, target=agent)
 
 
 def merge_deltas(outbound: Iterable[Outbound]) -> list[Outbound]:
@@ -185,7 +228,7 @@ def _merged(run: list[Outbound]) -> Outbound:
             chain[0].family,
             tuple(op for part in chain for op in part.ops),
         )
-        return Outbound(run[0].topic, retain=run[0].retain, steps=joined)
+        return Outbound(run[0].topic, retain=run[0].retain, steps=joined, target=run[0].target)
     parts = [o.delta for o in run if o.delta is not None]
     first, last = parts[0], parts[-1]
     idx = np.concatenate([p.indices for p in parts])
@@ -204,7 +247,7 @@ def _merged(run: list[Outbound]) -> Outbound:
         indices=idx[last_of_each],
         values=vals[last_of_each],
     )
-    return Outbound(run[0].topic, retain=run[0].retain, delta=merged)
+    return Outbound(run[0].topic, retain=run[0].retain, delta=merged, target=run[0].target)
 
 
 def control_message(job: str, ctl: messages.Control) -> Outbound:

@@ -27,14 +27,14 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Final, Literal, NamedTuple, Protocol
+from typing import Any, Final, Literal, NamedTuple
 
 import numpy as np
 
-from aggregator import admission, engine_state, presence, safety, stepsize
+from aggregator import admission, engine_state, presence, safety, stepsize, traffic
 from aggregator.accounting import Pricer, ProfileLookup, RoundCosts, RoundRecord, Spend
 from aggregator.admission import REJECT_REASONS, Decoded, Family, Reject, semantics_family
-from aggregator.broadcast import Broadcast, downlink_interval_s
+from aggregator.broadcast import Broadcast
 from aggregator.dedupe import SeenKeys
 from aggregator.engine_types import (
     AgentInfo,
@@ -46,7 +46,7 @@ from aggregator.engine_types import (
     FloatArray,
 )
 from aggregator.guard import UpdateGuard
-from aggregator.outbound import Outbound, control_message
+from aggregator.outbound import Outbound, addressed, control_message
 from aggregator.refusals import Refusals
 from edge_agent import messages, wire
 from edge_agent.aggregation import EF21Mirror, MeanAccumulator, StepResult
@@ -77,11 +77,6 @@ class _Admission(NamedTuple):
 
     contributes: bool
     weight: float
-
-
-class _Sized(Protocol):
-    @property
-    def payload(self) -> bytes: ...
 
 
 class RoundEngine:
@@ -139,6 +134,7 @@ class RoundEngine:
         self._refusals = Refusals(config.job)  # tells refused agents (rate-limited)
         self._topics = admission.TopicParser(config.job)
         self._down = Broadcast(config.job, d, config.downlink, window=config.downlink_window)
+        self.traffic = traffic.Traffic(config.job, self._pricer)  # answers, per-agent accounts
         self._evaluate()
 
     # ------------------------------------------------------------------ public API
@@ -173,13 +169,18 @@ class RoundEngine:
                 return self._on_hello(agent, blob, now)
             if kind == "status":
                 return self._on_status(agent, blob, now)
-            return self._on_request(agent, blob, now)
+            if kind == "request":
+                return self._on_request(agent, blob, now)
+            raise Reject("unexpected_topic", topic[:80])  # cat/<job>/to/<agent>: ours
         except Reject as rej:
             told = now if kind in ("hello", "update") else None  # refusals answer these only
             return self._reject(rej.reason, rej.detail, agent, told)
         except Exception as exc:  # a bug must not kill the ingest loop
             log.exception("internal error handling %s", topic[:80])
             return self._reject("internal_error", f"{type(exc).__name__}: {exc}", agent)
+        finally:  # what a known agent's radio spent, whatever became of the message
+            if agent is not None:
+                self.traffic.sent(self.agents.get(agent), len(payload))
 
     def tick(self, now: float) -> Effects:
         """Advance time: mark silent agents dead, close a sync round at its deadline.
@@ -241,40 +242,28 @@ class RoundEngine:
         their steps need) as a retained state snapshot on ``cat/<job>/model``."""
         return self._down.snapshot(self.x, self.version, self.sum_h, self.family)
 
-    def charge_downlink(self, outbound: Sequence[_Sized], now: float | None = None) -> None:
-        """Account what agents receive: every message published goes to every live agent
-        (one topic namespace per job), priced on each one's downlink profile. The caller
-        passes exactly what it publishes (after merging), and the time it does (``now``:
-        with ``downlink_pacing`` the next version waits until every live agent's downlink
-        is free again, :func:`aggregator.broadcast.downlink_interval_s`)."""
-        for o in outbound:
-            size = len(o.payload)
-            for info in self.agents.values():
-                if info.live:
-                    cost = self._pricer.down_cost(info.hello.profile, size)
-                    info.down = info.down + cost
-                    self.totals_down = self.totals_down + cost
-                    if now is not None and self.config.downlink_pacing:
-                        self._pace(info, size, now)
-
-    def _pace(self, info: AgentInfo, size: int, now: float) -> None:
-        """The agent's downlink is busy for one more message: its link is free again
-        after the message's interval; the next version waits for every live link."""
-        profile = self._pricer.profile(info.hello.profile)
-        if profile is not None:
-            free = self._down_free_at.get(info.agent, 0.0)
-            free = max(now, free) + downlink_interval_s(profile, size)
-            self._down_free_at[info.agent] = free
-            self.next_version_at = max(self.next_version_at, free)
+    def charge_downlink(self, outbound: Sequence[Outbound], now: float | None = None) -> None:
+        """Account what agents receive and count what is published, by kind: the caller
+        passes exactly what it publishes (after merging), and the time it does. A job-wide
+        message costs every live agent, one addressed to an agent (``target``) that agent
+        only (:func:`aggregator.traffic.charge_downlink`; pacing there)."""
+        self.traffic.count(outbound)
+        traffic.charge_downlink(self, outbound, now)
 
     @property
     def broadcast_model(self) -> FloatArray:
         """The model the agents hold: ``x``, or the compressed downlink's ``w``."""
         return self._down.model(self.x)
 
-    def _catch_up(self, have: int | None) -> Outbound:
-        """What an agent holding version ``have`` misses: merged steps, else a snapshot."""
-        return self._down.catch_up(have, self.version) or self.snapshot_message()
+    def _answer(
+        self, agent: str, have: int | None, now: float, controls: bool = True
+    ) -> tuple[Outbound, ...]:
+        """What ``agent`` (holding version ``have``) misses, on its own topic: merged steps,
+        else a snapshot (rate-limited, :mod:`aggregator.traffic`); with ``controls``, the
+        pause/stop it must see."""
+        steps = self._down.catch_up(have, self.version)
+        extra = self.state_controls() if controls else ()
+        return self.traffic.answer(agent, steps, self.snapshot_message, now, extra)
 
     @property
     def live_agents(self) -> int:
@@ -346,8 +335,8 @@ class RoundEngine:
             self.family = fam
         out: list[Outbound] = []
         if hello.version is not None and hello.version != self.version:
-            out.append(self._catch_up(hello.version))
-        out.extend(self.state_controls())
+            out.extend(self._answer(agent, hello.version, now, controls=False))
+        out.extend(self.traffic.to(agent, self.state_controls()))
         if info.needs_reset:
             out.append(self._reset_message(agent))
         if self.state == "waiting":
@@ -369,11 +358,11 @@ class RoundEngine:
             info.last_seen = max(info.last_seen, now)
             info.live = True
             info.state = "online"
-        return Effects(outbound=(self._catch_up(have), *self.state_controls()))
+        return Effects(outbound=self._answer(agent, have, now))
 
     def _on_update(self, agent: str, blob: bytes, now: float, decoded: Decoded | None) -> Effects:
         header, update, info = self._validate_update(agent, blob, decoded)
-        admitted = self._admit(agent, info, header)
+        admitted = self._admit(agent, info, header, now)
         if isinstance(admitted, Effects):
             return admitted
         sized = safety.guarded(self, agent, info, update, admitted.weight)
@@ -406,7 +395,7 @@ class RoundEngine:
         return header, update, info
 
     def _admit(
-        self, agent: str, info: AgentInfo, header: wire.UpdateHeader
+        self, agent: str, info: AgentInfo, header: wire.UpdateHeader, now: float
     ) -> _Admission | Effects:
         """Whether a valid update is applied, and whether it enters this round's step.
 
@@ -414,7 +403,7 @@ class RoundEngine:
         agent; raises Reject when it is refused silently."""
         cfg = self.config
         if self._seen.contains(agent, header.round, header.seq):
-            return self._duplicate(agent, header)
+            return self._duplicate(agent, header, now)
         if self.state == "finished":
             raise Reject("finished")
         if header.round > self.version:
@@ -434,11 +423,12 @@ class RoundEngine:
             # The round closed without this agent (deadline + quorum) and it may have missed
             # the delta: answer with the model, or it would re-send this update forever.
             eff = self._reject("stale", f"{agent}: round {header.round}", agent)
-            return Effects(outbound=(self._catch_up(header.round),), reason=eff.reason)
+            out = self._answer(agent, header.round, now, controls=False)
+            return Effects(outbound=out, reason=eff.reason)
         weight = 1.0 if cfg.mode == "sync" else 1.0 / (1.0 + staleness)
         return _Admission(contributes, weight)
 
-    def _duplicate(self, agent: str, header: wire.UpdateHeader) -> Effects:
+    def _duplicate(self, agent: str, header: wire.UpdateHeader, now: float) -> Effects:
         """An update whose (round, seq) key was applied already."""
         detail = f"{agent} round {header.round} seq {header.seq}"
         if header.round < self.version:
@@ -447,8 +437,7 @@ class RoundEngine:
             # persisted but not yet published, and ZeroMQ dropped the start-up snapshot
             # before the agent re-subscribed). Without the model it would re-send forever.
             eff = self._reject("duplicate", detail, agent)
-            out = (self._catch_up(header.round), *self.state_controls())
-            return Effects(outbound=out, reason=eff.reason)
+            return Effects(outbound=self._answer(agent, header.round, now), reason=eff.reason)
         raise Reject("duplicate", detail)
 
     def _contributes(self, agent: str, round: int, staleness: int, ef21: bool) -> bool:
@@ -524,7 +513,7 @@ class RoundEngine:
 
     def _reset_message(self, agent: str) -> Outbound:
         ctl = messages.Control(cmd="reset", agent=agent, version=self.version)
-        return control_message(self.config.job, ctl)
+        return addressed(control_message(self.config.job, ctl), self.config.job, agent)
 
     def _reset_agent_state(self, agent: str) -> None:
         h = self._ef21.h.get(agent)

@@ -189,6 +189,11 @@ class AgentOut(_Out):
     totals: CostTotals = Field(description="Its accepted updates (uplink).")
     dense_equivalent: CostTotals
     downlink: LinkCost = Field(description="What it received while live (its downlink).")
+    sent: LinkCost = Field(
+        description="Every message it sent that reached the aggregator once it was known "
+        "(hellos, status, snapshot requests, refused and duplicate updates as well as the "
+        "accepted ones), priced on its profile's uplink; `totals` is the accepted updates only."
+    )
     total: LinkCost = Field(description="Uplink (totals) + downlink.")
     dense_equivalent_downlink: LinkCost | None = Field(
         description="Every version it was live for as a dense float32 model change "
@@ -221,6 +226,7 @@ class AgentOut(_Out):
             totals=CostTotals.actual(a.spend),
             dense_equivalent=CostTotals.dense(a.spend),
             downlink=LinkCost.of(a.down),
+            sent=LinkCost.of(a.sent),
             total=LinkCost.of(a.spend.actual + a.down),
             dense_equivalent_downlink=LinkCost.maybe(dense_down),
             dense_equivalent_total=LinkCost.maybe(_plus(a.spend.dense, dense_down)),

@@ -403,7 +403,10 @@ class AggregatorService:
 
     def _publish(self, outbound: list[Outbound]) -> None:
         if outbound and self._engine is not None:
-            with self._lock:  # what the agents receive, priced on their downlink profiles
+            # what the agents receive, priced on their downlink profiles (a message addressed
+            # to one agent costs that agent only), and what is published, counted by kind
+            # once per message however many transports carry it
+            with self._lock:
                 self._engine.charge_downlink(outbound, self._clock())
         for out in outbound:
             for t in self._transports:
@@ -433,6 +436,8 @@ class AggregatorService:
                 "rejected": dict(e.rejected),
                 "totals": e.totals.to_dict(),
                 "totals_down": e.totals_down.to_dict(),
+                "published": {k: tuple(v) for k, v in e.traffic.published.items()},
+                "snapshots_withheld": e.traffic.withheld,
                 "agents": len(e.agents),
                 "live_agents": e.live_agents,
                 "loss": e.loss,
@@ -441,5 +446,11 @@ class AggregatorService:
             }
 
         out = self.read(grab)
+        # ZeroMQ client authentication refuses before the engine sees a message: its counts
+        # (unauthenticated handshakes, agent_mismatch messages) join the engine's reasons.
+        for t in self._transports:
+            refused: dict[str, int] = getattr(t, "refused", {})
+            for reason, n in refused.items():
+                out["rejected"][reason] = out["rejected"].get(reason, 0) + n
         out["healthy"] = self.healthy
         return out

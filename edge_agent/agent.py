@@ -42,7 +42,7 @@ from edge_agent.profiles import CostProfile, MessageCost
 from edge_agent.replica import Replica
 from edge_agent.selection import Policy, Price, make_price, parse_policy
 from edge_agent.transports import Message, Transport
-from edge_agent.wire import Snapshot, encode
+from edge_agent.wire import MAGIC, Snapshot, encode
 
 log = logging.getLogger("edge_agent")
 
@@ -292,6 +292,8 @@ class Agent:
         self._topic_delta = topics.delta(config.job)
         self._topic_control = topics.control(config.job)
         self._topic_request = topics.request(config.job, config.agent_id)
+        #: answers addressed to this agent alone (catch-up, snapshot, control)
+        self._topic_to = topics.to_agent(config.job, config.agent_id)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -303,7 +305,7 @@ class Agent:
         )
         self._started = True
         self.transport.connect()
-        for pattern in topics.agent_subscriptions(job):
+        for pattern in topics.agent_subscriptions(job, me):
             self.transport.subscribe(pattern)
         self._say_hello()
 
@@ -418,6 +420,11 @@ class Agent:
                 self._handle_model(msg.payload)
             elif msg.topic == self._topic_control:
                 self._handle_control(messages.parse(messages.Control, msg.payload))
+            elif msg.topic == self._topic_to:  # binary: a model message, else JSON control
+                if msg.payload[:2] == MAGIC:
+                    self._handle_model(msg.payload)
+                else:
+                    self._handle_control(messages.parse(messages.Control, msg.payload))
             else:
                 self.counters.drop("unexpected_topic")
         except WireFormatError as exc:

@@ -5,6 +5,7 @@ Every topic lives under ``cat/<job>/``; agent-to-aggregator topics end in the ag
     cat/<job>/hello/<agent>    cat/<job>/update/<agent>
     cat/<job>/status/<agent>   cat/<job>/request/<agent>
     cat/<job>/model            cat/<job>/delta            cat/<job>/control
+    cat/<job>/to/<agent>       (aggregator -> one agent: answers addressed to it only)
 
 Job and agent ids are 1..64 characters of ``[A-Za-z0-9._-]``, so they can never contain a
 level separator or a wildcard. :func:`matches` implements MQTT filter semantics and is used
@@ -26,10 +27,16 @@ _ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 AGENT_KINDS: tuple[str, ...] = ("hello", "update", "status", "request")
 #: Kinds the aggregator publishes to the whole job.
 JOB_KINDS: tuple[str, ...] = ("model", "delta", "control")
+#: The kind the aggregator publishes to one agent (topic ends in that agent's id): the
+#: catch-up steps, snapshot and control answers meant for it alone, so that the rest of
+#: the fleet neither receives nor pays for them (the broker's ACL lets each agent read
+#: only its own).
+TO_AGENT = "to"
 
 
 class Topic(NamedTuple):
-    """A parsed topic; ``agent`` is None for job-wide kinds (model, delta, control)."""
+    """A parsed topic; ``agent`` is None for job-wide kinds (model, delta, control); for
+    ``to`` it is the addressee."""
 
     job: str
     kind: str
@@ -84,6 +91,11 @@ def control(job: str) -> str:
     return f"{job_prefix(job)}control"
 
 
+def to_agent(job: str, agent: str) -> str:
+    """``cat/<job>/to/<agent>``: what the aggregator addresses to ``agent`` alone."""
+    return _agent_topic(TO_AGENT, job, agent)
+
+
 def agent_inbound(job: str) -> list[str]:
     """Subscription patterns the aggregator needs: everything agents of ``job`` send, and
     the hellos of every job (``cat/+/hello/+``: rare, small), so that an agent configured
@@ -94,9 +106,11 @@ def agent_inbound(job: str) -> list[str]:
     ]
 
 
-def agent_subscriptions(job: str) -> list[str]:
-    """Subscription patterns an agent needs: model snapshots, deltas and control."""
-    return [model(job), delta(job), control(job)]
+def agent_subscriptions(job: str, agent: str | None = None) -> list[str]:
+    """Subscription patterns an agent needs: model snapshots, deltas and control, and with
+    ``agent`` its own ``cat/<job>/to/<agent>`` (answers addressed to it)."""
+    subs = [model(job), delta(job), control(job)]
+    return subs if agent is None else [*subs, to_agent(job, agent)]
 
 
 def parse(topic: str) -> Topic:
@@ -107,11 +121,16 @@ def parse(topic: str) -> Topic:
         if _ID_RE.fullmatch(job):
             if len(levels) == 3 and kind in JOB_KINDS:
                 return Topic(job, kind, None)
-            if len(levels) == 4 and kind in AGENT_KINDS and _ID_RE.fullmatch(levels[3]):
+            if (
+                len(levels) == 4
+                and (kind in AGENT_KINDS or kind == TO_AGENT)
+                and _ID_RE.fullmatch(levels[3])
+            ):
                 return Topic(job, kind, levels[3])
     raise ValueError(
         f"topic {topic!r} is not in the cat-edge namespace; expected "
-        f"cat/<job>/{{{','.join(AGENT_KINDS)}}}/<agent> or cat/<job>/{{{','.join(JOB_KINDS)}}}"
+        f"cat/<job>/{{{','.join((*AGENT_KINDS, TO_AGENT))}}}/<agent> or "
+        f"cat/<job>/{{{','.join(JOB_KINDS)}}}"
     )
 
 

@@ -245,7 +245,9 @@ def test_request_is_answered_with_snapshot() -> None:
     eng = make_engine()
     join(eng, "a")
     eff = eng.handle(topics.request(JOB, "a"), messages.dump(messages.Request(have=None)), 1.0)
-    assert find(eff.outbound, topics.model(JOB)).retain
+    # addressed to a alone (cat/<job>/to/a), not retained: the job-wide model stays for all
+    answer = find(eff.outbound, topics.to_agent(JOB, "a"))
+    assert answer.target == "a" and answer.kind == "agent_snapshot" and not answer.retain
 
 
 def test_automatic_step_size_is_inverse_of_row_weighted_smoothness() -> None:
@@ -405,7 +407,7 @@ def _controls(eff: Any) -> list[messages.Control]:
     return [
         messages.parse(messages.Control, o.payload)
         for o in eff.outbound
-        if o.topic == topics.control(JOB)
+        if o.topic in (topics.control(JOB), topics.to_agent(JOB, "a"))
     ]
 
 
