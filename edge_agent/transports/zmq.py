@@ -592,6 +592,15 @@ class ZmqTransport(Transport):
                 if self._connected and not self._stop.is_set():
                     log.warning("%s: lost the aggregator; reconnecting", self.url)
                 self._connected = False
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                # libzmq does not retry a key the aggregator's ZAP handler refused.
+                self._connected = False
+                log.error(
+                    "%s: the aggregator refused this agent's CURVE key; put its public key "
+                    "in the aggregator's AGG_ZMQ_AGENTS_DIR as <agent-id>.key, then restart "
+                    "the agent",
+                    self.url,
+                )
             elif kind & _HANDSHAKE_FAILED:
                 self._connected = False
                 self._drop_log_once(

@@ -321,4 +321,4 @@ def speaks_for(topic: str, agent: str | None) -> bool:
         parsed = topics.parse(topic)
     except ValueError:
         return False
-    return agent is not None and parsed.agent == agent
+    return agent is not None and parsed.kind in topics.AGENT_KINDS and parsed.agent == agent
