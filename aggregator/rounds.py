@@ -242,7 +242,9 @@ class RoundEngine:
         their steps need) as a retained state snapshot on ``cat/<job>/model``."""
         return self._down.snapshot(self.x, self.version, self.sum_h, self.family)
 
-    def charge_downlink(self, outbound: Sequence[Outbound], now: float | None = None) -> None:
+    def charge_downlink(
+        self, outbound: Sequence[traffic.Published], now: float | None = None
+    ) -> None:
         """Account what agents receive and count what is published, by kind: the caller
         passes exactly what it publishes (after merging), and the time it does. A job-wide
         message costs every live agent, one addressed to an agent (``target``) that agent

@@ -25,12 +25,13 @@ The engine (:class:`aggregator.rounds.RoundEngine`) drives one :class:`Traffic` 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 from aggregator.accounting import Pricer
 from aggregator.broadcast import downlink_interval_s
 from aggregator.engine_types import AgentInfo
 from aggregator.outbound import PUBLISHED_KINDS, Outbound, addressed
+from edge_agent import topics
 from edge_agent.cost import Cost
 
 if TYPE_CHECKING:
@@ -41,6 +42,32 @@ SNAPSHOT_ANSWER_INTERVAL_S: Final = 10.0
 #: agents remembered for the rate limit (bounded: agent ids come from topics)
 MAX_TRACKED: Final = 4096
 _PRICE_CACHE_MAX: Final = 4096
+
+
+class Published(Protocol):
+    """What a publisher hands over (an :class:`Outbound`, or the simulator's stand-in)."""
+
+    @property
+    def topic(self) -> str: ...
+
+    @property
+    def payload(self) -> bytes: ...
+
+    @property
+    def retain(self) -> bool: ...
+
+
+def as_outbound(o: Published) -> Outbound:
+    """``o`` itself when it is an :class:`Outbound`, else one with its topic, payload and the
+    addressee its topic names (``cat/<job>/to/<agent>``)."""
+    if isinstance(o, Outbound):
+        return o
+    try:
+        parsed = topics.parse(o.topic)
+    except ValueError:
+        parsed = None
+    target = parsed.agent if parsed is not None and parsed.kind == topics.TO_AGENT else None
+    return Outbound(o.topic, o.payload, o.retain, target=target)
 
 
 class Traffic:
@@ -108,21 +135,21 @@ class Traffic:
             self._up_cache[key] = cost
         info.sent = info.sent + cost
 
-    def count(self, outbound: Sequence[Outbound]) -> None:
+    def count(self, outbound: Sequence[Published]) -> None:
         """Count what is published, by kind."""
-        for o in outbound:
+        for o in map(as_outbound, outbound):
             row = self.published.setdefault(o.kind, [0, 0])
             row[0] += 1
             row[1] += len(o.payload)
 
 
-def charge_downlink(eng: RoundEngine, outbound: Sequence[Outbound], now: float | None) -> None:
+def charge_downlink(eng: RoundEngine, outbound: Sequence[Published], now: float | None) -> None:
     """Account what agents receive (:meth:`RoundEngine.charge_downlink`): a job-wide message
     reaches every live agent, one addressed to an agent reaches that agent only; priced on
     each one's downlink profile. With ``downlink_pacing`` the next version waits until every
     live agent's downlink is free again (:func:`aggregator.broadcast.downlink_interval_s`)."""
     pace = now is not None and eng.config.downlink_pacing
-    for o in outbound:
+    for o in map(as_outbound, outbound):
         size = len(o.payload)
         if o.target is not None:
             one = eng.agents.get(o.target)
