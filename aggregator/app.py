@@ -5,6 +5,12 @@
 :class:`~aggregator.service.AggregatorService` and stops it on shutdown. Routes are thin:
 they read through the service and answer with the models in :mod:`aggregator.schemas`.
 
+``app`` (what uvicorn loads) is built when first read, by
+:func:`aggregator.startup.start_from_environment`: logging (``AGG_LOG_FORMAT``), settings
+and the service's start happen there, so a bad setting, a corrupt checkpoint or a broker
+that is down ends the process with one log line and exit 2 (or 1: the broker may come
+back), not a lifespan traceback.
+
 The dashboard lives in ``aggregator/static/`` (served at ``/static``); ``GET /`` serves
 ``static/index.html`` when it exists, else a minimal page linking the API.
 """
@@ -35,6 +41,7 @@ from aggregator.schemas import (
 )
 from aggregator.service import AggregatorService
 from aggregator.settings import Settings, load_settings
+from aggregator.startup import Started, start_from_environment
 from edge_agent.cost import ZERO
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -186,15 +193,19 @@ def index() -> FileResponse | HTMLResponse:
     return HTMLResponse(_FALLBACK_INDEX)
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    """Build the app. ``settings=None``: read them (env, config file) when the lifespan starts."""
-    metrics = AggregatorMetrics()
+def create_app(settings: Settings | None = None, *, started: Started | None = None) -> FastAPI:
+    """Build the app. ``settings=None``: read them (env, config file) when the lifespan starts;
+    ``started``: serve that running service (its settings win) and stop it on shutdown."""
+    metrics = started.metrics if started is not None else AggregatorMetrics()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        resolved = settings if settings is not None else load_settings()
-        service = AggregatorService(resolved, observer=metrics.observe_round)
-        await run_in_threadpool(service.start)
+        if started is not None:
+            resolved, service = started.settings, started.service
+        else:
+            resolved = settings if settings is not None else load_settings()
+            service = AggregatorService(resolved, observer=metrics.observe_round)
+            await run_in_threadpool(service.start)
         metrics.bind(service.metrics_snapshot)
         app.state.settings = resolved
         app.state.service = service
@@ -222,4 +233,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
-app = create_app()
+def __getattr__(name: str) -> FastAPI:
+    """``aggregator.app.app``: the service from the environment, started on first read."""
+    if name != "app":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    built = create_app(started=start_from_environment())
+    globals()["app"] = built  # read once: later reads find the module attribute
+    return built

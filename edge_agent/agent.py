@@ -360,6 +360,9 @@ class Agent:
         self.ledger.add(cost, update=update)
         now = self.clock()
         self._quiet_until = max(self._quiet_until, now) + cost.airtime_s + cost.silence_s
+        owed, duty = self._quiet_until - now, self.profile.duty_cycle or 1.0
+        if self.config.duty_cycle == "wait" and owed >= 5.0:  # a few seconds: worth a line
+            log.info("radio silent for %.1f s (duty cycle %.3g %%)", owed, 100 * duty)
         return cost
 
     def _flush_outbox(self) -> None:
@@ -494,8 +497,10 @@ class Agent:
         elif ctl.cmd == "refused":
             if ctl.agent == self.config.agent_id:
                 self._refused(ctl.reason, ctl.detail)
-        else:
-            self.paused = ctl.cmd == "pause"
+        else:  # pause | resume: logged when it changes
+            if (paused := ctl.cmd == "pause") != self.paused:
+                log.info("job paused: waiting for resume" if paused else "job resumed")
+            self.paused = paused
 
     def _refused(self, reason: str, detail: str) -> None:
         """Log and count a refusal; give up after too many that cannot heal; say hello

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edge_agent.errors import CatEdgeError
+from edge_agent.logs import LOG_FORMATS
+from edge_agent.logs import configure as configure_logging
 
 if TYPE_CHECKING:  # the agent's imports load only for `run`
     from edge_agent.agent import Agent
@@ -37,6 +39,7 @@ DEFAULT_JOB = "cat"
 #: exit status of a configuration error (systemd: RestartPreventExitStatus=2)
 EXIT_CONFIG = 2
 EPILOG = "Docs: README.md and docs/ in the cat-edge repository."
+LOG_FORMAT_HELP = "log lines as text (time level logger: message) or json (one object per line)"
 
 
 # --------------------------------------------------------------------------- keys
@@ -381,12 +384,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
+    parser.add_argument("--log-format", default="text", choices=LOG_FORMATS, help=LOG_FORMAT_HELP)
     sub = parser.add_subparsers(
         dest="command", required=True, metavar="{run,profiles,data,calibrate,keys}"
     )
 
     run = sub.add_parser(
         "run", help="join a job and train on a local data shard", formatter_class=fmt, epilog=EPILOG
+    )
+    run.add_argument(  # also after `run`, where the systemd unit's flags are
+        "--log-format", default=argparse.SUPPRESS, choices=LOG_FORMATS, help=LOG_FORMAT_HELP
     )
     run.add_argument(
         "--profile",
@@ -615,11 +622,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    configure_logging(args.log_format, args.log_level)
     try:
         return int(args.func(args))
     except ConfigurationError as exc:
