@@ -17,6 +17,7 @@ The dashboard lives in ``aggregator/static/`` (served at ``/static``); ``GET /``
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -27,6 +28,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
+from aggregator.agent_metrics import agent_samples, max_agents_from
 from aggregator.deps import ControlAuth, MetricsDep, ServiceDep
 from aggregator.engine_types import AgentInfo
 from aggregator.metrics import CONTENT_TYPE, AggregatorMetrics
@@ -204,9 +206,10 @@ def create_app(settings: Settings | None = None, *, started: Started | None = No
             resolved, service = started.settings, started.service
         else:
             resolved = settings if settings is not None else load_settings()
+            metrics.agents.max_agents = max_agents_from(os.environ)
             service = AggregatorService(resolved, observer=metrics.observe_round)
             await run_in_threadpool(service.start)
-        metrics.bind(service.metrics_snapshot)
+        metrics.bind(service.metrics_snapshot, agents=lambda: service.read(agent_samples))
         app.state.settings = resolved
         app.state.service = service
         try:

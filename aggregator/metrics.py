@@ -12,7 +12,8 @@ their profiles' downlink part) ``cat_downlink_messages_total``, ``cat_downlink_b
 ``cat_live_agents``, ``cat_loss``, ``cat_accuracy``, ``cat_up``, what the aggregator
 published by kind ``cat_published_messages_total{kind}``, ``cat_published_bytes_total{kind}``
 and ``cat_snapshot_answers_withheld_total`` (per-agent rate limit, aggregator.traffic),
-``cat_round_latency_seconds`` (histogram), ``cat_update_entries`` (histogram of T).
+``cat_round_latency_seconds`` (histogram), ``cat_update_entries`` (histogram of T), and the
+per-agent ``cat_agent_*{agent}`` series of :mod:`aggregator.agent_metrics` (bounded labels).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from aggregator.accounting import RoundRecord
+from aggregator.agent_metrics import DEFAULT_MAX_AGENTS, AgentCollector, AgentSource
 from aggregator.outbound import PUBLISHED_KINDS
 from aggregator.rounds import REJECT_REASONS
 
@@ -143,9 +145,11 @@ def _published(published: dict[str, Any], withheld: int) -> Iterator[Metric]:
 class AggregatorMetrics:
     """A registry for one app; :meth:`bind` it to the service's ``metrics_snapshot``."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_agents: int = DEFAULT_MAX_AGENTS) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.source: Source | None = None
+        #: per-agent series: at most ``agents.max_agents`` labels, the rest as "_other"
+        self.agents = AgentCollector(max_agents)
         self.round_latency = Histogram(
             "cat_round_latency_seconds",
             "Seconds from a round opening to its model version being committed.",
@@ -159,9 +163,11 @@ class AggregatorMetrics:
             registry=self.registry,
         )
         self.registry.register(_EngineCollector(self))
+        self.registry.register(self.agents)
 
-    def bind(self, source: Source | None) -> None:
+    def bind(self, source: Source | None, agents: AgentSource | None = None) -> None:
         self.source = source
+        self.agents.source = agents
 
     def observe_round(self, record: RoundRecord) -> None:
         self.round_latency.observe(record.latency_s)

@@ -89,6 +89,31 @@ class TransportOut(_Out):
     connected: bool
 
 
+class WaitingOut(_Out):
+    """A live agent the open round has no update from yet."""
+
+    agent: str
+    since: float | None = Field(
+        description="Unix time (s) it has been waited for: when the round opened, or when the "
+        "agent joined if later (None: unknown, the round's opening was not recovered)."
+    )
+
+
+def waiting_for(e: RoundEngine) -> list[WaitingOut]:
+    """Live agents without an update for the open round, longest waited for first (empty
+    unless the job is running)."""
+    if e.state != "running":
+        return []
+    opened = e.open_round["opened_at"]
+    done = set(e.open_round["participants"])
+    out = [
+        WaitingOut(agent=a.agent, since=None if opened is None else max(opened, a.first_seen))
+        for a in e.agents.values()
+        if a.live and a.agent not in done
+    ]
+    return sorted(out, key=lambda w: (w.since or 0.0, w.agent))
+
+
 class StatusOut(_Out):
     """The job at a glance."""
 
@@ -105,6 +130,9 @@ class StatusOut(_Out):
     live_agents: int
     quorum: int = Field(description="Reports that close a sync round after its deadline.")
     open_round_participants: list[str]
+    waiting_for: list[WaitingOut] = Field(
+        description="Live agents the open round still waits for, and since when."
+    )
     updates_accepted: int
     updates_rejected: dict[str, int] = Field(description="Rejections by reason (non-zero only).")
     totals: CostTotals
@@ -149,6 +177,7 @@ class StatusOut(_Out):
             live_agents=e.live_agents,
             quorum=e.quorum(),
             open_round_participants=list(e.open_round["participants"]),
+            waiting_for=waiting_for(e),
             updates_accepted=e.accepted,
             updates_rejected={k: v for k, v in e.rejected.items() if v},
             totals=CostTotals.actual(e.totals),

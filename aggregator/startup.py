@@ -25,6 +25,7 @@ import os
 from dataclasses import dataclass
 from typing import NoReturn
 
+from aggregator.agent_metrics import max_agents_from
 from aggregator.logs import configure_service, log_options
 from aggregator.metrics import AggregatorMetrics
 from aggregator.service import AggregatorService
@@ -89,7 +90,7 @@ def start_from_environment() -> Started:
     try:
         settings = load_settings()
         check_transport_schemes(settings)
-        metrics = AggregatorMetrics()
+        metrics = AggregatorMetrics(max_agents=max_agents_from(os.environ))
         service = AggregatorService(settings, observer=metrics.observe_round)
         service.start()
     except (CatEdgeError, OSError) as exc:

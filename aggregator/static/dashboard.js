@@ -575,6 +575,27 @@
       li.querySelector(".kpi-saving").textContent = savingText(a, d);
     }
     renderDirections(s);
+    renderWaiting(s);
+  }
+
+  const WAITING_SHOWN = 8;
+
+  /** "Round 3 waits for b (12 s), c (12 s)": live agents without an update for the open
+   *  round (/status waiting_for), longest waited for first. */
+  function renderWaiting(s) {
+    const el = $("waiting");
+    const waiting = Array.isArray(s.waiting_for) ? s.waiting_for : [];
+    if (s.state !== "running" || !waiting.length) {
+      el.hidden = true;
+      return;
+    }
+    const now = Date.now() / 1000;
+    const ago = (w) => (isNum(w.since) ? ` (${relTime(now - w.since).replace(" ago", "")})` : "");
+    const names = waiting.slice(0, WAITING_SHOWN).map((w) => `${w.agent}${ago(w)}`);
+    const more = waiting.length > WAITING_SHOWN ? ` and ${waiting.length - WAITING_SHOWN} more` : "";
+    el.textContent = `Round ${s.round} waits for ${names.join(", ")}${more}`;
+    el.title = waiting.map((w) => w.agent).join(", ");
+    el.hidden = false;
   }
 
   /** The uplink's counters name messages "updates"; the other directions "messages". */
@@ -709,7 +730,10 @@
     const body = $("agents-body");
     const agents = [...state.agents].sort((a, b) => String(a.agent).localeCompare(String(b.agent)));
     const live = agents.filter((a) => a.live).length;
-    $("agents-count").textContent = agents.length ? `(${live} live of ${agents.length})` : "";
+    const refused = agents.filter((a) => a.messages_rejected > 0).length;
+    const waiting = new Set(((state.status && state.status.waiting_for) || []).map((w) => w.agent));
+    $("agents-count").textContent = agents.length
+      ? `(${live} live of ${agents.length}${refused ? ` · ${refused} refused` : ""})` : "";
     if (!agents.length) {
       const tr = document.createElement("tr");
       tr.className = "placeholder";
@@ -736,6 +760,22 @@
       badge.textContent = a.live && stateText !== "done" ? "live" : stateText;
       badge.title = `agent state: ${stateText}`;
       status.append(badge);
+      if (waiting.has(a.agent)) {
+        const tag = document.createElement("span");
+        tag.className = "waiting-tag";
+        tag.textContent = "waited for";
+        tag.title = "the open round has no update from this agent yet";
+        status.append(tag);
+      }
+      const nRefused = isNum(a.messages_rejected) ? a.messages_rejected : 0;
+      if (nRefused > 0) {
+        tr.className = "refused";
+        const tag = document.createElement("span");
+        tag.className = "refused-tag";
+        tag.textContent = `${fmtCount(nRefused)} refused`;
+        tag.title = `${nRefused} of its messages were refused (the aggregator tells the agent why)`;
+        status.append(tag);
+      }
       const t = a.totals || {};
       const down = a.downlink || {};
       const both = a.total || {};
