@@ -61,12 +61,15 @@ def status(state: str) -> Message:
 
 
 def _state(snap: Any) -> tuple[str, list[bytes]]:
-    """An export as comparable bytes, without the downlink accounting: the service charges
-    it when it publishes, which is not an input the journal replays."""
+    """An export as comparable bytes, without the downlink accounting (the service charges
+    it when it publishes, which is not an input the journal replays) and without each
+    agent's ``sent`` account (it counts every message, also those not journalled: a
+    repeated status, requests, refusals)."""
     meta = json.loads(json.dumps(snap.meta))
     meta.pop("totals_down")
     for agent in meta["agents"]:
         agent.pop("down")
+        agent.pop("sent")
     arrays = [np.asarray(a).tobytes() for a in (snap.x, snap.acc, snap.h, snap.sum_h, snap.seen)]
     return json.dumps(meta, sort_keys=True), [*arrays, repr(snap.h_agents).encode()]
 
