@@ -72,9 +72,9 @@ def check_transport_schemes(settings: Settings) -> None:
             raise SettingsError(f"AGG_TRANSPORTS: {exc}") from None
 
 
-def fail(exc: BaseException) -> NoReturn:
-    """Log ``exc`` as one ERROR line and end the process with :func:`exit_code`."""
-    log.error("cannot start: %s", describe(exc))
+def fail(exc: BaseException, fix: str = "") -> NoReturn:
+    """Log ``exc`` (and ``fix``) as one ERROR line; end the process with :func:`exit_code`."""
+    log.error("cannot start: %s%s", describe(exc), f"; {fix}" if fix else "")
     raise SystemExit(exit_code(exc))
 
 
@@ -91,8 +91,13 @@ def start_from_environment() -> Started:
         settings = load_settings()
         check_transport_schemes(settings)
         metrics = AggregatorMetrics(max_agents=max_agents_from(os.environ))
-        service = AggregatorService(settings, observer=metrics.observe_round)
-        service.start()
-    except (CatEdgeError, OSError) as exc:
+    except CatEdgeError as exc:
         fail(exc)
+    service = AggregatorService(settings, observer=metrics.observe_round)
+    try:
+        service.start()
+    except CatEdgeError as exc:
+        fail(exc)
+    except OSError as exc:  # the store: a data directory it cannot create or write
+        fail(exc, f"check AGG_DATA_DIR={settings.data_dir} (it must be writable)")
     return Started(settings, service, metrics)

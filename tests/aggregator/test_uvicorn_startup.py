@@ -61,6 +61,15 @@ def test_a_bad_log_format_names_its_variable(tmp_path: Path) -> None:
     assert not (tmp_path / "data").exists()
 
 
+def test_a_data_directory_that_cannot_be_made_names_its_variable(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    data = tmp_path / "file" / "data"
+    proc = _uvicorn(tmp_path, AGG_D="3", AGG_DATA_DIR=str(data))
+    assert proc.returncode == 2
+    line = _one_error(proc)
+    assert str(tmp_path / "file") in line and f"AGG_DATA_DIR={data}" in line
+
+
 def test_a_broker_that_is_down_is_one_line_and_exit_1_so_systemd_retries(
     tmp_path: Path,
 ) -> None:
