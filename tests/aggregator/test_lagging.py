@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import uvicorn
 from fastapi.testclient import TestClient
@@ -20,10 +21,44 @@ from aggregator.app import create_app
 from aggregator.localnet import HOST, free_port
 from aggregator.rounds import EngineConfig, RoundEngine
 from aggregator.schemas import WaitingOut, waiting_for
-from aggregator.settings import SettingsError
-from edge_agent import topics
-from edge_agent.transports import open_transport
-from tests.aggregator.test_api import JOB, FakeAgents, make_settings
+from aggregator.settings import Settings, SettingsError, load_settings
+from edge_agent import messages, topics, wire
+from edge_agent.compressors import Update, compress
+from edge_agent.transports import Transport, open_transport
+
+JOB = "lagjob"
+D = 16
+
+
+def make_settings(memory_url: str, data_dir: Path) -> Settings:
+    return load_settings(
+        job=JOB, d=D, step_size=0.5, transports=[memory_url], data_dir=data_dir, tick_s=0.02,
+        downlink_pacing=False,
+    )  # fmt: skip
+
+
+class FakeAgents:
+    """Agents sharing one memory:// client: hello and send updates."""
+
+    def __init__(self, transport: Transport) -> None:
+        self.t = transport
+
+    def hello(self, agent: str) -> None:
+        self.t.publish(*_hello(JOB, agent))
+
+    def update(self, agent: str, seed: int, *, seq: int = 0) -> None:
+        g = np.random.default_rng(seed).normal(size=D)
+        blob = wire.encode(compress(g, "topk", 4), job=JOB, agent=agent, round=0, seq=seq)
+        self.t.publish(topics.update(JOB, agent), blob)
+
+
+def _hello(job: str, agent: str, d: int = D) -> tuple[str, bytes]:
+    hello = messages.Hello(
+        job=job, agent=agent, d=d, rows=10, smoothness=2.0, model="logreg", compressor="topk",
+        profile="paper_packet_model",
+    )  # fmt: skip
+    return topics.hello(job, agent), messages.dump(hello)
+
 
 CHROMIUM = next(
     (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None
@@ -118,13 +153,13 @@ def test_the_cap_comes_from_its_variable_and_a_bad_one_names_it() -> None:
 
 
 def test_waiting_for_is_empty_unless_running_and_starts_when_the_agent_joined() -> None:
-    from tests.aggregator.test_startup_corruption import _hello, _update
-
     eng = RoundEngine(EngineConfig(job="flip", d=4, step_size=0.5, round_deadline_s=100.0))
     assert waiting_for(eng) == []  # waiting for hellos: no round is open
-    for now, (topic, payload) in [(10.0, _hello("a")), (20.0, _hello("b")), (30.0, _hello("c"))]:
-        eng.handle(topic, payload, now)
-    eng.handle(*_update("b", 0, 1.0), 31.0)
+    for now, agent in [(10.0, "a"), (20.0, "b"), (30.0, "c")]:
+        eng.handle(*_hello("flip", agent, d=4), now)
+    update = Update("topk", 4, np.array([0]), np.array([1.0], dtype=np.float32))
+    blob = wire.encode(update, job="flip", agent="b", round=0, seq=0)
+    assert eng.handle(topics.update("flip", "b"), blob, 31.0).reason is None
     opened = eng.open_round["opened_at"]
     assert opened == 10.0
     assert waiting_for(eng) == [
