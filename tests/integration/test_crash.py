@@ -169,8 +169,9 @@ def test_a_resent_update_for_a_version_the_agent_missed_gets_the_model_back() ->
     eff = engine.handle(topics.update(job, "a"), sent["a"], 2.0)  # a's re-send, round 0
 
     assert eff.reason == "duplicate" and eff.committed is None
-    snapshots = [o for o in eff.outbound if o.topic == topics.model(job)]
-    assert len(snapshots) == 1
+    # the answer goes to a alone (cat/<job>/to/a), not to the whole job
+    snapshots = [o for o in eff.outbound if o.topic == topics.to_agent(job, "a")]
+    assert len(snapshots) == 1 and all(o.target == "a" for o in eff.outbound)
     snap = decode_downlink(snapshots[0].payload)  # the restore lost the steps 0 -> 1
     assert isinstance(snap, StateSnapshot) and snap.version == 1
     assert snap.x.tobytes() == engine.x.tobytes()
