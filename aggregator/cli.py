@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any, Literal, get_args, get_origin
@@ -124,10 +124,14 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from aggregator.app import create_app
+    from aggregator.logs import configure_service, log_options
 
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    try:  # the format from AGG_LOG_FORMAT, the level from --log-level
+        fmt, _ = log_options(os.environ)
+    except SettingsError as exc:
+        print(f"aggregator: {exc}", file=sys.stderr)
+        return 2
+    configure_service(fmt, args.log_level.upper())
     try:
         uvicorn.run(
             create_app(settings), host=settings.host, port=settings.port, log_level=args.log_level
