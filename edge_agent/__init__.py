@@ -2,8 +2,10 @@
 
 Public API::
 
+    import numpy as np
     import edge_agent as ea
-    p = ea.load_profile("cost_profiles/lorawan_eu868_dr5_sf7.json")
+    p = ea.resolve_profile("lorawan_eu868_dr5_sf7")  # a shipped name, or a path to a JSON file
+    g = np.random.default_rng(0).standard_normal(1000)  # a local gradient
     t = ea.select_t(g, "topk", p, job="demo", agent="pi-01")
     u = ea.compress(g, "topk", t)
     blob = ea.encode(u, job="demo", agent="pi-01", round=3, seq=0)
@@ -20,7 +22,7 @@ from edge_agent.errors import (
     WireFormatError,
 )
 from edge_agent.feedback import EF21State, ResidualMemory
-from edge_agent.profiles import CostProfile, load_profile
+from edge_agent.profiles import CostProfile, list_profiles, load_profile, resolve_profile
 from edge_agent.selection import parse_policy, select_t
 from edge_agent.wire import (
     Delta,
@@ -59,7 +61,9 @@ __all__ = [
     "encode_delta",
     "encode_snapshot",
     "encoded_size",
+    "list_profiles",
     "load_profile",
     "parse_policy",
+    "resolve_profile",
     "select_t",
 ]

@@ -29,9 +29,11 @@ from reading and writing profile files in ``load_profile``/``save_profile``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+import sysconfig
 from abc import abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -543,16 +545,20 @@ def parse_profile(data: Mapping[str, Any], source: str = "<data>") -> CostProfil
 
 
 def load_profile(path: str | Path) -> CostProfile:
-    """Read and validate one profile JSON file.
+    """Read and validate one profile JSON file; a bare name (a ``str`` without ``.json`` or
+    a path separator, e.g. ``"lorawan_eu868_dr5_sf7"``) is a shipped profile, as in
+    :func:`resolve_profile`.
 
     Raises ProfileError naming the file, the field and what is allowed, for a missing
     or unreadable file, invalid JSON, or an invalid profile.
     """
+    if isinstance(path, str) and not _looks_like_path(path):
+        return resolve_profile(path)
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ProfileError(f"profile {path}: file not found") from None
+        raise ProfileError(f"profile {path}: file not found{_shipped_hint(path)}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ProfileError(f"profile {path}: cannot read the file: {exc}") from None
     try:
@@ -582,13 +588,22 @@ def save_profile(profile: CostProfile, path: str | Path) -> Path:
 def default_profiles_dir() -> Path:
     """The shipped profiles: ``$CAT_EDGE_PROFILES_DIR`` when set, else the repository's
     ``cost_profiles/`` (a checkout or editable install), else the copy a regular install puts
-    in ``<prefix>/share/cat-edge/cost_profiles``."""
+    in ``<prefix>/share/cat-edge/cost_profiles`` (the environment's prefix, or the user
+    scheme's for ``pip install --user``). When none exists: the environment's, so an error
+    names where the profiles were expected."""
     override = os.environ.get(PROFILES_DIR_ENV)
     if override:
         return Path(override)
     checkout = Path(__file__).resolve().parents[1] / "cost_profiles"
     if checkout.is_dir():
         return checkout
+    candidates = [Path(sys.prefix), Path(sysconfig.get_path("data"))]
+    with contextlib.suppress(KeyError):  # no user scheme on this platform
+        candidates.append(Path(sysconfig.get_path("data", f"{os.name}_user")))
+    for prefix in candidates:
+        shipped = prefix / "share" / "cat-edge" / "cost_profiles"
+        if shipped.is_dir():
+            return shipped
     return Path(sys.prefix) / "share" / "cat-edge" / "cost_profiles"
 
 
@@ -621,11 +636,8 @@ def resolve_profile(name_or_path: str) -> CostProfile:
     else is a name (file ``<name>.json``). Raises ProfileError listing the known names
     when a name is not found.
     """
-    looks_like_path = name_or_path.endswith(".json") or any(
-        sep in name_or_path for sep in {"/", os.sep, os.altsep or "/"}
-    )
-    if looks_like_path:
-        return load_profile(name_or_path)
+    if _looks_like_path(name_or_path):
+        return load_profile(Path(name_or_path))
     directory = default_profiles_dir()
     path = directory / f"{name_or_path}.json"
     if not path.is_file():
@@ -635,3 +647,23 @@ def resolve_profile(name_or_path: str) -> CostProfile:
             f"known profiles: {', '.join(known) or 'none'}"
         )
     return load_profile(path)
+
+
+def _looks_like_path(name_or_path: str) -> bool:
+    """A string ending in ``.json`` or holding a path separator names a file, else a profile."""
+    return name_or_path.endswith(".json") or any(
+        sep in name_or_path for sep in {"/", os.sep, os.altsep or "/"}
+    )
+
+
+def _shipped_hint(path: Path) -> str:
+    """``; the shipped profile <stem> is found by its bare name ...`` when ``path`` is missing
+    but a shipped profile has its file name (e.g. ``cost_profiles/x.json`` outside the
+    repository), else ``""``."""
+    directory = default_profiles_dir()
+    if path.suffix == ".json" and (directory / path.name).is_file():
+        return (
+            f"; the shipped profile {path.stem!r} ({directory / path.name}) is found from "
+            f"anywhere by its bare name: --profile {path.stem}"
+        )
+    return ""
