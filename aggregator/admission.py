@@ -29,6 +29,7 @@ REJECT_REASONS: Final[tuple[str, ...]] = (
     "wrong_compressor",
     "wrong_semantics",
     "out_of_bounds",
+    "too_many_agents",
     "too_large",
     "would_diverge",
     "duplicate",
@@ -184,6 +185,17 @@ def check_hello_bounds(hello: messages.Hello, limits: Limits) -> None:
         raise Reject("out_of_bounds", f"{who}: next_seq or version beyond 2**63 - 1")
     if max(len(hello.profile), len(hello.objective), len(hello.policy)) > MAX_TEXT:
         raise Reject("out_of_bounds", f"{who}: profile/objective/policy over {MAX_TEXT} chars")
+
+
+def check_capacity(agent: str, registered: int, cap: int) -> None:
+    """Raise ``too_many_agents`` when a hello from an unknown ``agent`` would register
+    more than ``cap`` agents (the registry, the checkpoint and /agents stay bounded)."""
+    if registered >= cap:
+        raise Reject(
+            "too_many_agents",
+            f"{agent}: {registered} agents are registered, the cap; raise AGG_MAX_AGENTS "
+            "if the fleet is larger",
+        )
 
 
 #: compressors whose update a ``dir`` step can carry (the step scales values or the scale)

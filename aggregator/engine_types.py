@@ -16,6 +16,7 @@ import numpy.typing as npt
 from aggregator.accounting import RoundRecord, Spend
 from aggregator.admission import Limits
 from aggregator.outbound import Outbound
+from aggregator.robust_round import Aggregation
 from edge_agent import messages, topics
 from edge_agent.cost import ZERO, Cost
 
@@ -75,6 +76,14 @@ class EngineConfig:
     #: how L is formed from the hellos' L_i without a configured step: the row-weighted
     #: ``mean`` (trusts every claim) or a ``median`` one liar cannot move (aggregator.stepsize)
     step_rule: Literal["mean", "median"] = "mean"
+    #: how a round's updates are combined: the plain mean, or a robust rule for untrusted
+    #: fleets (aggregator.robust_round; not EF21)
+    aggregation: Aggregation = field(default_factory=Aggregation)
+    #: K: a sync round counts agents with an accepted update in the last K versions, and
+    #: waits for agents that joined in the last K versions (aggregator.participation)
+    participation_window: int = 10
+    #: registered agents at most; a hello from one more is refused ``too_many_agents``
+    max_agents: int = 1000
 
     def __post_init__(self) -> None:
         topics.validate_id(self.job, "job id")
@@ -95,6 +104,8 @@ class EngineConfig:
             (self.downlink in ("exact", "delta", "cat"), "downlink must be exact, delta or cat"),
             (self.downlink_window >= 1, "downlink_window must be >= 1"),
             (self.step_rule in ("mean", "median"), "step_rule must be mean or median"),
+            (self.participation_window >= 1, "participation_window must be >= 1"),
+            (self.max_agents >= 1, "max_agents must be >= 1"),
             (
                 self.dedupe_window >= max(1, self.max_staleness),
                 "dedupe_window must be >= max_staleness",

@@ -31,7 +31,7 @@ from typing import Any, Final, Literal, NamedTuple
 
 import numpy as np
 
-from aggregator import admission, engine_state, presence, safety, stepsize, traffic
+from aggregator import admission, engine_state, participation, presence, safety, stepsize, traffic
 from aggregator.accounting import Pricer, ProfileLookup, RoundCosts, RoundRecord, Spend
 from aggregator.admission import REJECT_REASONS, Decoded, Family, Reject, semantics_family
 from aggregator.broadcast import Broadcast
@@ -48,8 +48,9 @@ from aggregator.engine_types import (
 from aggregator.guard import UpdateGuard
 from aggregator.outbound import Outbound, addressed, control_message
 from aggregator.refusals import Refusals
+from aggregator.robust_round import accumulator, downlink, restored
 from edge_agent import messages, wire
-from edge_agent.aggregation import EF21Mirror, MeanAccumulator, StepResult
+from edge_agent.aggregation import EF21Mirror, StepResult
 from edge_agent.compressors import Update
 from edge_agent.cost import ZERO
 
@@ -121,7 +122,7 @@ class RoundEngine:
         self.loss: float | None = None
         self.accuracy: float | None = None
         # the open round
-        self._mean = MeanAccumulator(d)
+        self._mean = accumulator(config)  # mean, or a robust rule (aggregator.robust_round)
         self._gamma: float | None = None  # cached step size (hellos change it)
         self._guard = UpdateGuard(config.limits)
         self._contrib: dict[str, int] = {}  # participant -> number of contributing updates
@@ -133,7 +134,7 @@ class RoundEngine:
         self._logged: set[str] = set()
         self._refusals = Refusals(config.job)  # tells refused agents (rate-limited)
         self._topics = admission.TopicParser(config.job)
-        self._down = Broadcast(config.job, d, config.downlink, window=config.downlink_window)
+        self._down = Broadcast(config.job, d, downlink(config), window=config.downlink_window)
         self.traffic = traffic.Traffic(config.job, self._pricer)  # answers, per-agent accounts
         self._evaluate()
 
@@ -285,8 +286,15 @@ class RoundEngine:
             self._gamma = stepsize.gamma(hellos, cfg.step_rule, cfg.limits, factor)
         return self._gamma
 
-    def quorum(self, live: int | None = None) -> int:
-        n = self.live_agents if live is None else live
+    def counted(self) -> participation.Participation:
+        """Who the open sync round counts (:mod:`aggregator.participation`)."""
+        window = self.config.participation_window
+        return participation.participation(self.agents.values(), self.version, window)
+
+    def quorum(self, base: int | None = None) -> int:
+        """Contributions a sync round needs at its deadline: a fraction of the agents that
+        take part (:mod:`aggregator.participation`), at least ``quorum_min_agents``."""
+        n = self.counted().quorum_base if base is None else base
         return max(self.config.quorum_min_agents, math.ceil(self.config.quorum_fraction * n))
 
     @property
@@ -318,6 +326,7 @@ class RoundEngine:
         self._gamma = None  # a hello may change L (rows, smoothness) or the family
         info = self.agents.get(agent)
         if info is None:
+            admission.check_capacity(agent, len(self.agents), cfg.max_agents)
             info = AgentInfo(
                 agent, hello, first_seen=now, last_seen=now, joined_version=self.version
             )
@@ -546,11 +555,12 @@ class RoundEngine:
             if self._count >= cfg.async_apply_every:
                 return self._close(now, "async")
             return _NOTHING
-        live = {a for a, info in self.agents.items() if info.live}
-        if live <= self._contrib.keys():
+        counted = self.counted()
+        if counted.awaited <= self._contrib.keys():
             return self._close(now, "all_reported")
         opened = self._opened_at if self._opened_at is not None else now
-        if now >= opened + cfg.round_deadline_s and len(self._contrib) >= self.quorum(len(live)):
+        quorum = self.quorum(counted.quorum_base)
+        if now >= opened + cfg.round_deadline_s and len(self._contrib) >= quorum:
             return self._close(now, "deadline")
         return Effects()
 
@@ -683,5 +693,6 @@ class RoundEngine:
         """Rebuild an engine from :meth:`export`; raises ValueError if it does not fit ``config``."""
         eng = cls(config, x0=snap.x, evaluator=None, profiles=profiles)
         engine_state.restore_engine(eng, snap)
+        eng._mean = restored(config, eng._mean)
         eng._evaluator = evaluator
         return eng

@@ -39,6 +39,7 @@ from pydantic_settings import (
 )
 
 from aggregator.admission import MAX_PAYLOAD_BYTES, Limits
+from aggregator.robust_round import parse_aggregation
 from aggregator.rounds import EngineConfig
 from edge_agent import topics
 from edge_agent.errors import CatEdgeError
@@ -118,6 +119,12 @@ class Settings(BaseSettings):
         description="How L is formed from the hellos' L_i (no step_size): the row-weighted "
         "mean (every claim trusted), or a median one lying agent cannot move.",
     )
+    aggregation: str = Field(
+        "mean",
+        description="How a round's updates are combined: mean, clipped_mean[:c] (each update "
+        "clipped to c times the round's median norm, c = 2) or trimmed_mean[:fraction] "
+        "(coordinate-wise, 0.1 per side); robust rules broadcast delta for exact (not EF21).",
+    )
     max_rows: int = Field(10**9, ge=1, description="Largest shard size (rows) a hello may claim.")
     min_smoothness: float = Field(1e-6, gt=0, description="Smallest L_i a hello may claim.")
     max_smoothness: float = Field(
@@ -132,6 +139,18 @@ class Settings(BaseSettings):
     )
     update_norm_warmup: int = Field(
         16, ge=1, description="Accepted updates before the norm bound applies."
+    )
+    max_agents: int = Field(
+        1000,
+        ge=1,
+        description="Registered agents at most; a hello from one more is refused "
+        "(too_many_agents): bounds memory, the checkpoint and /agents.",
+    )
+    participation_window: int = Field(
+        10,
+        ge=1,
+        description="K versions: a sync round's quorum counts agents with an accepted update "
+        "in the last K versions; it also waits for agents that joined in the last K.",
     )
     checkpoint_every: int = Field(
         1, ge=1, description="Write checkpoint.npz every N versions (the journal covers the rest)."
@@ -198,6 +217,12 @@ class Settings(BaseSettings):
                 raise ValueError(str(exc)) from None
         return value
 
+    @field_validator("aggregation")
+    @classmethod
+    def _check_aggregation(cls, value: str) -> str:
+        parse_aggregation(value)
+        return value
+
     @field_validator("job")
     @classmethod
     def _check_job(cls, value: str) -> str:
@@ -261,9 +286,12 @@ class Settings(BaseSettings):
             dedupe_window=max(self.dedupe_window, self.max_staleness),
             snapshot_every=self.snapshot_every,
             ef21_step_factor=self.ef21_step_factor,
+            aggregation=parse_aggregation(self.aggregation),
             downlink=self.downlink,
             downlink_pacing=self.downlink_pacing,
             step_rule=self.step_rule,
+            participation_window=self.participation_window,
+            max_agents=self.max_agents,
             limits=Limits(
                 max_rows=self.max_rows,
                 min_smoothness=self.min_smoothness,
