@@ -16,6 +16,7 @@ import numpy.typing as npt
 from aggregator.accounting import RoundRecord, Spend
 from aggregator.admission import Limits
 from aggregator.outbound import Outbound
+from aggregator.robust_round import Aggregation
 from edge_agent import messages, topics
 from edge_agent.cost import ZERO, Cost
 
@@ -75,6 +76,9 @@ class EngineConfig:
     #: how L is formed from the hellos' L_i without a configured step: the row-weighted
     #: ``mean`` (trusts every claim) or a ``median`` one liar cannot move (aggregator.stepsize)
     step_rule: Literal["mean", "median"] = "mean"
+    #: how a round's updates are combined: the plain mean, or a robust rule for untrusted
+    #: fleets (aggregator.robust_round; not EF21)
+    aggregation: Aggregation = field(default_factory=Aggregation)
     #: K: a sync round counts agents with an accepted update in the last K versions, and
     #: waits for agents that joined in the last K versions (aggregator.participation)
     participation_window: int = 10

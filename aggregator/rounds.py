@@ -48,8 +48,9 @@ from aggregator.engine_types import (
 from aggregator.guard import UpdateGuard
 from aggregator.outbound import Outbound, addressed, control_message
 from aggregator.refusals import Refusals
+from aggregator.robust_round import accumulator, downlink, restored
 from edge_agent import messages, wire
-from edge_agent.aggregation import EF21Mirror, MeanAccumulator, StepResult
+from edge_agent.aggregation import EF21Mirror, StepResult
 from edge_agent.compressors import Update
 from edge_agent.cost import ZERO
 
@@ -121,7 +122,7 @@ class RoundEngine:
         self.loss: float | None = None
         self.accuracy: float | None = None
         # the open round
-        self._mean = MeanAccumulator(d)
+        self._mean = accumulator(config)  # mean, or a robust rule (aggregator.robust_round)
         self._gamma: float | None = None  # cached step size (hellos change it)
         self._guard = UpdateGuard(config.limits)
         self._contrib: dict[str, int] = {}  # participant -> number of contributing updates
@@ -133,7 +134,7 @@ class RoundEngine:
         self._logged: set[str] = set()
         self._refusals = Refusals(config.job)  # tells refused agents (rate-limited)
         self._topics = admission.TopicParser(config.job)
-        self._down = Broadcast(config.job, d, config.downlink, window=config.downlink_window)
+        self._down = Broadcast(config.job, d, downlink(config), window=config.downlink_window)
         self.traffic = traffic.Traffic(config.job, self._pricer)  # answers, per-agent accounts
         self._evaluate()
 
@@ -692,5 +693,6 @@ class RoundEngine:
         """Rebuild an engine from :meth:`export`; raises ValueError if it does not fit ``config``."""
         eng = cls(config, x0=snap.x, evaluator=None, profiles=profiles)
         engine_state.restore_engine(eng, snap)
+        eng._mean = restored(config, eng._mean)
         eng._evaluator = evaluator
         return eng

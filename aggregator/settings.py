@@ -39,6 +39,7 @@ from pydantic_settings import (
 )
 
 from aggregator.admission import MAX_PAYLOAD_BYTES, Limits
+from aggregator.robust_round import parse_aggregation
 from aggregator.rounds import EngineConfig
 from edge_agent import topics
 from edge_agent.errors import CatEdgeError
@@ -117,6 +118,12 @@ class Settings(BaseSettings):
         "mean",
         description="How L is formed from the hellos' L_i (no step_size): the row-weighted "
         "mean (every claim trusted), or a median one lying agent cannot move.",
+    )
+    aggregation: str = Field(
+        "mean",
+        description="How a round's updates are combined: mean, clipped_mean[:c] (each update "
+        "clipped to c times the round's median norm, c = 2) or trimmed_mean[:fraction] "
+        "(coordinate-wise, 0.1 per side); robust rules broadcast delta for exact (not EF21).",
     )
     max_rows: int = Field(10**9, ge=1, description="Largest shard size (rows) a hello may claim.")
     min_smoothness: float = Field(1e-6, gt=0, description="Smallest L_i a hello may claim.")
@@ -210,6 +217,12 @@ class Settings(BaseSettings):
                 raise ValueError(str(exc)) from None
         return value
 
+    @field_validator("aggregation")
+    @classmethod
+    def _check_aggregation(cls, value: str) -> str:
+        parse_aggregation(value)
+        return value
+
     @field_validator("job")
     @classmethod
     def _check_job(cls, value: str) -> str:
@@ -273,6 +286,7 @@ class Settings(BaseSettings):
             dedupe_window=max(self.dedupe_window, self.max_staleness),
             snapshot_every=self.snapshot_every,
             ef21_step_factor=self.ef21_step_factor,
+            aggregation=parse_aggregation(self.aggregation),
             downlink=self.downlink,
             downlink_pacing=self.downlink_pacing,
             step_rule=self.step_rule,

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from aggregator.robust_round import parse_aggregation
 from aggregator.sim.blas import single_threaded_blas
 from aggregator.sim.experiment import DEFAULT_TARGETS, METRICS, RunResult, run_method
 from aggregator.sim.methods import Method, parse_method
@@ -100,6 +101,21 @@ def _downlink_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _robust_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--aggregation",
+        default="mean",
+        help="how the engine combines a round's updates (AGG_AGGREGATION): mean, "
+        "clipped_mean[:c] or trimmed_mean[:fraction]; robust rules broadcast delta for exact",
+    )
+    p.add_argument(
+        "--hostile",
+        type=float,
+        metavar="S",
+        help="agent 0 is hostile: its updates reach the engine scaled by S",
+    )
+
+
 def _pacing_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-downlink-pacing",
@@ -149,6 +165,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _problem_arguments(parser)
     _fleet_arguments(parser)
     _downlink_arguments(parser)
+    _robust_arguments(parser)
     _pacing_arguments(parser)
     _run_arguments(parser)
 
@@ -228,6 +245,7 @@ def _prepare(
     """Validate the flags, build the problem (solves f*) and the fleets. ValueError etc."""
     targets = _targets(args.targets)
     _downlinks(args.downlink)
+    parse_aggregation(args.aggregation)
     bad = {d.strip() for d in args.plot_directions.split(",")} - set(DIRECTIONS)
     if bad:
         raise ValueError(f"--plot-directions: {sorted(bad)}; use up, down and/or total")
@@ -283,6 +301,8 @@ def _run(args: argparse.Namespace) -> int:
         for method in case.methods:
             for downlink in _downlinks(args.downlink):
                 label = method.spec if downlink == "exact" else f"{method.spec} [{downlink}]"
+                if args.aggregation != "mean" or args.hostile is not None:
+                    label += f" [{args.aggregation}, hostile={args.hostile}]"
                 bar.begin(f"{fleet.label}: {label}", case.max_rounds, min(targets))
                 res = run_method(
                     problem,
@@ -296,6 +316,8 @@ def _run(args: argparse.Namespace) -> int:
                     progress=bar.update,
                     downlink=downlink,
                     downlink_pacing=not args.no_downlink_pacing,
+                    aggregation=args.aggregation,
+                    hostile=args.hostile,
                 )
                 bar.end(res)
                 results.append(res)

@@ -42,8 +42,10 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+from aggregator.robust_round import parse_aggregation
 from aggregator.rounds import EngineConfig, RoundEngine
 from aggregator.sim.harness import FleetHarness
+from aggregator.sim.hostile import make_hostile
 from aggregator.sim.methods import Method
 from aggregator.sim.problem import Fleet, Problem, agent_seed
 from edge_agent.agent import Agent, AgentConfig, RoundLog
@@ -112,9 +114,12 @@ def open_fleet(
     ef21_step_factor: float = 0.5,
     downlink: str = "exact",
     downlink_pacing: bool = True,
+    aggregation: str = "mean",
+    hostile: float | None = None,
 ) -> FleetHarness:
     """The engine (full quorum, no deadline or liveness timeout) and one agent per shard,
-    not started. Close the harness when done."""
+    not started. Close the harness when done. ``aggregation``: ``AGG_AGGREGATION``;
+    ``hostile``: agent 0's updates reach the engine scaled by it (aggregator.sim.hostile)."""
     model = problem.model
     lookup = {p.name: p for p in fleet.profiles}
     engine = RoundEngine(
@@ -126,6 +131,7 @@ def open_fleet(
             ef21_step_factor=ef21_step_factor,
             downlink=downlink,  # type: ignore[arg-type]
             downlink_pacing=downlink_pacing,
+            aggregation=parse_aggregation(aggregation),
             min_agents=fleet.agents,
             quorum_fraction=1.0,
             round_deadline_s=1e18,
@@ -135,6 +141,8 @@ def open_fleet(
         profiles=lookup.get,
     )
     harness = FleetHarness(engine, name="simulate")
+    if hostile is not None:
+        make_hostile(harness, JOB, "a000", hostile)
     try:
         for i in range(fleet.agents):
             config = AgentConfig(
@@ -380,6 +388,8 @@ def run_method(
     progress: ProgressFn | None = None,
     downlink: str = "exact",
     downlink_pacing: bool = True,
+    aggregation: str = "mean",
+    hostile: float | None = None,
 ) -> RunResult:
     """Train ``method`` on ``fleet`` until the smallest target or ``max_rounds``.
 
@@ -397,6 +407,8 @@ def run_method(
         ef21_step_factor=ef21_step_factor,
         downlink=downlink,
         downlink_pacing=downlink_pacing,
+        aggregation=aggregation,
+        hostile=hostile,
     ) as harness:
         harness.start()
         harness.pump(strict=True)
