@@ -20,12 +20,13 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from html import escape
 from pathlib import Path
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, FastAPI, HTTPException, Query, Response, status
+from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import FileResponse, HTMLResponse
+from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
 from aggregator.agent_metrics import agent_samples, max_agents_from
@@ -62,6 +63,9 @@ _FALLBACK_INDEX = """<!doctype html>
 <li><a href="/history">/history</a></li><li><a href="/metrics">/metrics</a></li>
 <li><a href="/docs">/docs</a> (OpenAPI)</li></ul></body></html>
 """
+
+#: the dashboard's "no value yet" (an en dash, as static/index.html writes it)
+_DASH = "\u2013"
 
 router = APIRouter()
 
@@ -188,11 +192,35 @@ def stop(service: ServiceDep) -> ControlOut:
 
 
 @router.get("/", include_in_schema=False, response_model=None)
-def index() -> FileResponse | HTMLResponse:
+def index(request: Request) -> HTMLResponse:
+    """The dashboard with the job, state, round and live agents filled in server-side, so
+    its first paint is the job as it is (the script's first poll then takes over)."""
     page = STATIC_DIR / "index.html"
-    if page.is_file():
-        return FileResponse(page)
-    return HTMLResponse(_FALLBACK_INDEX)
+    if not page.is_file():
+        return HTMLResponse(_FALLBACK_INDEX)
+    service: AggregatorService | None = request.app.state.service
+    return HTMLResponse(first_paint(page.read_text(encoding="utf-8"), service))
+
+
+def first_paint(html: str, service: AggregatorService | None) -> str:
+    """``html`` (static/index.html) with the server's view of the job in place of the
+    placeholders: ``starting`` while the service is not up yet."""
+    if service is None:
+        filled = {"state": "starting"}
+    else:
+        now = get_status(service)
+        filled = {
+            "job": now.job,
+            "state": now.state,
+            "round": str(now.round),
+            "live": f"{now.live_agents} / {now.agents}",  # as dashboard.js writes it
+        }
+    state = escape(filled.pop("state"))
+    html = html.replace('data-state="unknown">connecting…<', f'data-state="{state}">{state}<', 1)
+    for key, value in filled.items():
+        placeholder = f'<dd id="{key}">{_DASH}</dd>'
+        html = html.replace(placeholder, f'<dd id="{key}">{escape(value)}</dd>', 1)
+    return html
 
 
 def create_app(settings: Settings | None = None, *, started: Started | None = None) -> FastAPI:

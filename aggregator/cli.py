@@ -81,12 +81,23 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help_text = f"{field.description or ''} [env {env_name(name)}{_shown_default(field)}]"
         kind = field.annotation
         choices = get_args(kind) if get_origin(kind) is Literal else None
+        if kind is bool:  # a switch: `--mqtt-tls-insecure` alone means true
+            p.add_argument(
+                f"--{name.replace('_', '-')}",
+                dest=name,
+                default=None,
+                nargs="?",
+                const="true",
+                choices=["true", "false"],
+                metavar="true|false",
+                help=f"{help_text.strip()} (the flag alone: true)",
+            )
+            continue
         p.add_argument(
             f"--{name.replace('_', '-')}",
             dest=name,
             default=None,
             choices=choices,
-            metavar="{true,false}" if kind is bool else None,
             help=help_text.strip(),
         )
     p.add_argument(

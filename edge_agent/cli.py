@@ -327,14 +327,22 @@ def _write_shards(ds: Any, args: argparse.Namespace, writer: Any, rng: np.random
     from edge_agent.data import split_shards
 
     out = Path(args.out)
+    names = [f"shard-{i:03d}.{args.format}" for i in range(max(args.shards, 1))]
+    names += [f"full.{args.format}"] if args.full else []
+    existing = [name for name in names if (out / name).exists()]
+    if existing and not args.force:
+        raise CatEdgeError(
+            f"{out} already holds {', '.join(existing)}; pass --force to overwrite them, "
+            "or choose another --out"
+        )
     out.mkdir(parents=True, exist_ok=True)
     shards = split_shards(ds, args.shards, how=args.how, rng=rng) if args.shards > 1 else [ds]
-    for i, shard in enumerate(shards):
-        path = out / f"shard-{i:03d}.{args.format}"
+    for name, shard in zip(names, shards, strict=False):
+        path = out / name
         writer(shard, path)
         print(f"{path}: {shard.n_rows} rows x {shard.n_features} features")
     if args.full:
-        path = out / f"full.{args.format}"
+        path = out / names[-1]
         writer(ds, path)
         print(f"{path}: {ds.n_rows} rows x {ds.n_features} features (all shards, for evaluation)")
     return 0
@@ -571,6 +579,9 @@ def build_parser() -> argparse.ArgumentParser:
             help="also write the whole set (for the aggregator's evaluation)",
         )
         p.add_argument("--seed", type=int, default=0)
+        p.add_argument(
+            "--force", action="store_true", help="overwrite shards already in --out (else: exit 1)"
+        )
 
     cal = sub.add_parser(
         "calibrate",

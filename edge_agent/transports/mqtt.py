@@ -36,10 +36,10 @@ import ssl
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import paho.mqtt.client as paho
-from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+from paho.mqtt.enums import CallbackAPIVersion, LogLevel, MQTTErrorCode
 from paho.mqtt.reasoncodes import ReasonCode
 
 from edge_agent import topics
@@ -57,6 +57,12 @@ def _no_delay(client: paho.Client, userdata: Any, sock: Any) -> None:
     delta out) waited ~40 ms for a delayed ACK on loopback (88 ms rounds vs 8 ms on ZeroMQ)."""
     with contextlib.suppress(OSError, AttributeError):  # not TCP (e.g. a websocket wrapper)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+#: paho's own log lines (see MqttTransport._on_paho_log)
+_PAHO_LOG: Final = logging.getLogger(f"{__name__}.paho")
+#: while the broker stays down, "still unreachable" is logged at most this often (s)
+NOT_CONNECTED_EVERY_S: Final = 60.0
 
 
 class MqttTransport(Transport):
@@ -89,7 +95,7 @@ class MqttTransport(Transport):
             protocol=paho.MQTTv311,
             reconnect_on_failure=True,
         )
-        client.enable_logger(logging.getLogger(f"{__name__}.paho"))
+        client.on_log = self._on_paho_log  # not enable_logger: see _on_paho_log
         client.max_inflight_messages_set(max_inflight)
         client.max_queued_messages_set(0)  # unbounded: see module docstring
         client.reconnect_delay_set(min_delay=1, max_delay=30)
@@ -119,6 +125,8 @@ class MqttTransport(Transport):
         self._suback: dict[int, list[ReasonCode]] = {}
         self._sent = 0  # QoS 1 publishes handed to paho
         self._acked = 0  # PUBACKs received
+        self._tls = tls is not None
+        self._not_connected_logged: float | None = None  # last "still not connected" line
 
     # -- configuration helpers -----------------------------------------------------------
 
@@ -185,6 +193,7 @@ class MqttTransport(Transport):
             reconnect = self._ever_connected
             self._connected = self._ever_connected = True
             self._refused = None
+            self._not_connected_logged = None  # a later outage starts its own count
             self._suback.clear()
             patterns = list(self._patterns)
             self._cond.notify_all()
@@ -212,6 +221,29 @@ class MqttTransport(Transport):
                 "QoS 1 publishes are queued meanwhile",
                 self.url,
                 reason_code,
+            )
+
+    def _on_paho_log(self, client: paho.Client, userdata: Any, level: int, buf: str) -> None:
+        """paho's own log lines, on logger ``edge_agent.transports.mqtt.paho`` at paho's level,
+        except "Client is not connected": paho logs it at ERROR on every pass of its network
+        loop while the broker is down (every 1-30 s, its reconnect backoff). It goes to DEBUG;
+        at most once per :data:`NOT_CONNECTED_EVERY_S` a WARNING says the broker is still
+        unreachable (the loss itself was already logged by ``_on_disconnect``)."""
+        if not buf.startswith("Client is not connected"):
+            _PAHO_LOG.log(paho.LOGGING_LEVEL.get(LogLevel(level), logging.DEBUG), "%s", buf)
+            return
+        _PAHO_LOG.debug("%s: %s", self.url, buf)
+        now = time.monotonic()
+        last = self._not_connected_logged
+        if self._closed or (last is not None and now - last < NOT_CONNECTED_EVERY_S):
+            return
+        self._not_connected_logged = now
+        if last is not None:  # the first pass right after the loss: _on_disconnect said it
+            log.warning(
+                "%s: broker still unreachable; paho retries with backoff 1..30 s "
+                "(this line repeats at most every %g s)",
+                self.url,
+                NOT_CONNECTED_EVERY_S,
             )
 
     def _on_message(self, client: paho.Client, userdata: Any, msg: paho.MQTTMessage) -> None:
@@ -285,12 +317,16 @@ class MqttTransport(Transport):
                 self._client.connect(self._host, self._port, keepalive=self._keepalive_s)
                 return
             except ssl.SSLError as exc:
+                if isinstance(exc, ssl.SSLEOFError) or "WRONG_VERSION_NUMBER" in str(exc):
+                    raise TransportError(self._tls_mismatch(exc)) from None
                 raise TransportError(
                     f"TLS handshake with {self.url} failed: {exc}; check ca_file (the CA that "
                     "signed the broker certificate), cert_file/key_file, and the host name"
                 ) from None
             except OSError as exc:
                 remaining = deadline - time.monotonic()
+                if self._tls and isinstance(exc, (ConnectionResetError, ConnectionAbortedError)):
+                    raise TransportError(self._tls_mismatch(exc)) from None
                 if remaining <= 0:
                     raise TransportError(
                         f"cannot connect to MQTT broker at {self.url}: "
@@ -299,6 +335,16 @@ class MqttTransport(Transport):
                         "(e.g. mqtt://localhost:1883)"
                     ) from None
                 time.sleep(min(0.25, remaining))
+
+    def _tls_mismatch(self, exc: OSError) -> str:
+        """The error for a peer that dropped our TLS ClientHello: most often a plain MQTT
+        listener (Mosquitto closes on the bytes it cannot parse as MQTT)."""
+        return (
+            f"TLS handshake with {self.url} failed: the server closed the connection "
+            f"({exc.strerror or exc}); port {self._port} is likely a plain MQTT listener, "
+            f"not TLS: use mqtt://{self._host}:{self._port} for a plain listener, or the "
+            "broker's TLS port (usually 8883) with mqtts://"
+        )
 
     def _stop_loop(self) -> None:
         self._client.disconnect()
