@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint typecheck bench clean
+.PHONY: demo demo-misconfigured test test-fast lint typecheck bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,6 +14,11 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/python deploy/demo.py $(if $(MQTT),--mqtt,)
+
+# The demo plus one agent whose feedback does not fit the job: its refusal, its WARNING
+# line and exit code 2, while the others train to the target.
+demo-misconfigured: $(STAMP)
+	$(BIN)/python deploy/demo.py --misconfigured $(if $(MQTT),--mqtt,)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

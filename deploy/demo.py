@@ -8,7 +8,14 @@ every agent sent, received and both, against what dense float32 would have cost 
 (dense updates up, one dense model change per agent per version down), and stops every
 process it started (also on Ctrl-C).
 
-    python deploy/demo.py [--agents 4] [--mqtt] [--target 0.05] [--keep]
+    python deploy/demo.py [--agents 4] [--mqtt] [--target 0.05] [--keep] [--misconfigured]
+
+``--misconfigured`` (``make demo-misconfigured``) adds one agent, ``agent-bad``, whose
+feedback family does not fit the job (``--feedback none`` in an EF21 job, ``ef21`` in a
+plain one): the aggregator refuses its hello and tells it why; the demo shows the lagging
+list (``/status`` waiting_for) as it changes, then that agent's WARNING lines and its exit
+code (2: a configuration error, after ``--max-refusals`` refusals), while the others train
+to the target. The last line is a JSON object with those facts, for tests.
 """
 
 from __future__ import annotations
@@ -205,9 +212,12 @@ def follow(
     *,
     f0: float,
     f_star: float,
+    tolerated: tuple[subprocess.Popen[bytes], ...] = (),
+    seen_waiting: set[str] | None = None,
 ) -> dict[str, Any]:
     """Show a progress bar until the job finishes or ``args.timeout_s`` seconds pass; the
-    last /status. SystemExit if the aggregator or an agent dies."""
+    last /status. SystemExit if the aggregator or an agent dies (one in ``tolerated`` may:
+    the misconfigured one); ``seen_waiting`` collects every agent /status waited for."""
     start = time.monotonic()
     status: dict[str, Any] = {}
     span = np.log10(1.0 / args.target)
@@ -229,13 +239,64 @@ def follow(
         )
         sys.stdout.write(line)
         sys.stdout.flush()
+        _note_waiting(status, seen_waiting)
         if status["state"] == "finished":
             break
-        dead = [p for p in procs if p.poll() not in (None, 0)]
+        dead = [p for p in procs if p.poll() not in (None, 0) and p not in tolerated]
         if dead:
             raise SystemExit(f"\ndemo: an agent failed; see {work}/agent-*.log")
         time.sleep(0.5)
     return status
+
+
+def _note_waiting(status: dict[str, Any], seen: set[str] | None) -> None:
+    """Add the agents /status says the open round waits for to ``seen``; print the list
+    on its own line whenever it names someone new."""
+    if seen is None:
+        return
+    names = {w["agent"] for w in status.get("waiting_for") or []}
+    if names - seen:
+        print(f"\n  round {status['round']} waits for: {', '.join(sorted(names))}")
+    seen |= names
+
+
+BAD_AGENT = "agent-bad"
+
+
+def bad_feedback(feedback: str) -> str:
+    """A feedback mode of the other family: EF21 agents and plain ones never share a job."""
+    return "none" if feedback == "ef21" else "ef21"
+
+
+def report_misconfigured(
+    proc: subprocess.Popen[bytes], log: Path, seen_waiting: set[str], timeout_s: float
+) -> dict[str, Any]:
+    """What happened to the misconfigured agent: its exit code (waited for up to
+    ``timeout_s``; None: still running), its WARNING lines, and whether /status listed it
+    as waited for. Printed, and returned for the demo's last line."""
+    try:
+        code: int | None = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        code = None
+    text = log.read_text(encoding="utf-8", errors="replace") if log.is_file() else ""
+    warnings = [line for line in text.splitlines() if " WARNING " in line]
+    errors = [line for line in text.splitlines() if line.startswith("edge-agent run: error")]
+    print(f"\n{BAD_AGENT} (misconfigured): exit code {code}")
+    for line in warnings + errors:
+        print(f"  {line}")
+    named = "yes" if BAD_AGENT in seen_waiting else "no (a refused hello never makes it live)"
+    print(
+        f"  /status waiting_for named it: {named}; "
+        f"the rounds waited for: {', '.join(sorted(seen_waiting)) or 'nobody (not polled mid-round)'}"
+    )
+    return {
+        "agent": BAD_AGENT,
+        "exit_code": code,
+        "warnings": warnings,
+        "errors": errors,
+        "waiting_for_named_it": BAD_AGENT in seen_waiting,
+        "waiting_for_seen": sorted(seen_waiting),
+    }
 
 
 def start_broker(work: Path) -> MosquittoBroker:
@@ -248,6 +309,31 @@ def start_broker(work: Path) -> MosquittoBroker:
         ) from None
     broker.start()
     return broker
+
+
+def start_agent(
+    work: Path,
+    server: str,
+    args: argparse.Namespace,
+    agent_id: str,
+    profile: str,
+    index: int,
+    extra: list[str],
+) -> subprocess.Popen[bytes]:
+    """One ``edge-agent run`` on shard ``index`` (the shards of the fleet; the misconfigured
+    agent reuses shard 0), logging to ``<work>/<agent_id>.log``; ``extra`` flags win."""
+    shard = work / f"shard-{index}.svm"
+    if not shard.is_file():
+        shard = work / "shard-0.svm"
+    cmd = [
+        *(sys.executable, "-m", "edge_agent.cli", "run", "--server", server, "--job", "demo"),
+        *("--agent-id", agent_id, "--profile", profile, "--data", str(shard)),
+        *("--features", str(args.features), "--l2", str(args.l2), "--feedback", args.feedback),
+        *("--duty-cycle", "ignore", "--seed", str(index), "--quiet", "--resend-s", "5"),
+        *extra,
+    ]
+    with (work / f"{agent_id}.log").open("wb") as log:
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, cwd=ROOT)
 
 
 def main() -> int:
@@ -299,6 +385,17 @@ def main() -> int:
         "--keep", action="store_true", help="keep the run directory (data, logs, checkpoints)"
     )
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--misconfigured",
+        action="store_true",
+        help=f"add {BAD_AGENT}, whose feedback does not fit the job: see its refusal and exit",
+    )
+    ap.add_argument(
+        "--bad-max-refusals",
+        type=int,
+        default=1,
+        help=f"{BAD_AGENT}'s --max-refusals (refusals are told at most once per 30 s)",
+    )
     args = ap.parse_args()
     if not 1 <= args.agents <= len(FLEET):
         raise SystemExit(f"demo: --agents must be in 1..{len(FLEET)}")
@@ -354,45 +451,33 @@ def main() -> int:
         base = service.base_url
         print(f"aggregator up: {server} | dashboard {base}/  | status {base}/status")
         for i in range(args.agents):
-            profile = FLEET[i]
-            cmd = [
-                sys.executable,
-                "-m",
-                "edge_agent.cli",
-                "run",
-                "--server",
-                server,
-                "--job",
-                "demo",
-                "--agent-id",
-                f"agent-{i}",
-                "--profile",
-                profile,
-                "--data",
-                str(work / f"shard-{i}.svm"),
-                "--features",
-                str(args.features),
-                "--l2",
-                str(args.l2),
-                "--feedback",
-                args.feedback,
-                "--duty-cycle",
-                "ignore",
-                "--seed",
-                str(i),
-                "--quiet",
-                "--resend-s",
-                "5",
-            ]
-            with (work / f"agent-{i}.log").open("wb") as log:
-                procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, cwd=ROOT))
-            print(f"  agent-{i}: {profile}")
+            procs.append(start_agent(work, server, args, f"agent-{i}", FLEET[i], i, []))
+            print(f"  agent-{i}: {FLEET[i]}")
+        bad: subprocess.Popen[bytes] | None = None
+        if args.misconfigured:
+            wrong = bad_feedback(args.feedback)
+            extra = ["--feedback", wrong, "--max-refusals", str(args.bad_max_refusals)]
+            profile = FLEET[args.agents % len(FLEET)]
+            bad = start_agent(work, server, args, BAD_AGENT, profile, args.agents, extra)
+            procs.append(bad)
+            print(f"  {BAD_AGENT}: {profile}, --feedback {wrong} in a {args.feedback} job")
         print(
             "(duty cycles are accounted, not waited for: the radios are modelled, the traffic is loopback)"
         )
 
         start = time.monotonic()
-        status = follow(base, service, procs, work, args, f0=f0, f_star=f_star)
+        seen: set[str] = set()
+        status = follow(
+            base,
+            service,
+            procs,
+            work,
+            args,
+            f0=f0,
+            f_star=f_star,
+            tolerated=() if bad is None else (bad,),
+            seen_waiting=seen,
+        )
         print()
         agents = get_json(base + "/agents")
         reached = status.get("state") == "finished" and "target" in status.get("finish_reason", "")
@@ -403,6 +488,21 @@ def main() -> int:
         print(f"final loss {status.get('loss')}, accuracy {status.get('accuracy')}\n")
         dense_rounds = dense_gd_rounds(model, full, target_loss, args.max_rounds)
         print(summary_table(agents, status, dense_rounds))
+        if bad is not None:
+            facts = report_misconfigured(bad, work / f"{BAD_AGENT}.log", seen, timeout_s=5.0)
+            rejected = status.get("updates_rejected") or {}
+            print(f"  the aggregator counted refusals: {rejected}")
+            print(
+                json.dumps(
+                    {
+                        "reached": reached,
+                        "round": status.get("round"),
+                        "updates_rejected": rejected,
+                        "bad": facts,
+                    }
+                )
+            )
+            return 0 if reached and facts["exit_code"] == 2 else 1
         return 0 if reached else 1
     except StartupError as exc:
         raise SystemExit(f"demo: {exc}") from None

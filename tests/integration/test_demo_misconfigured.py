@@ -1,0 +1,56 @@
+"""`make demo-misconfigured` on a small problem: the refusal reaches the misconfigured agent.
+
+``deploy/demo.py --misconfigured`` adds ``agent-bad`` with the other feedback family
+(``--feedback none`` in the demo's EF21 job). What must hold: the other agents train to
+the target; the aggregator refuses agent-bad's hello as ``wrong_semantics`` and tells it;
+agent-bad logs that at WARNING, gives up with one ``error`` line and exits 2 (a configuration
+error: systemd does not restart it); and the lagging list (/status waiting_for) never holds
+the refused agent up (it names live agents only; a refused hello never makes one live).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_misconfigured_agent_is_told_and_exits_2_while_the_others_train() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "deploy" / "demo.py"),
+            "--misconfigured",
+            "--agents",
+            "2",
+            "--rows",
+            "1000",
+            "--features",
+            "2000",
+            "--target",
+            "1e-3",
+            "--timeout-s",
+            "90",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    facts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert facts["reached"] is True
+    bad = facts["bad"]
+    assert bad["exit_code"] == 2, bad
+    assert any(" WARNING " in w and "wrong_semantics" in w for w in bad["warnings"]), bad
+    assert any("refused agent agent-bad" in e for e in bad["errors"]), bad
+    assert facts["updates_rejected"].get("wrong_semantics", 0) >= 1, facts
+    assert "agent-bad" not in bad["waiting_for_seen"], bad
+    assert "agent-bad (misconfigured): exit code 2" in done.stdout
