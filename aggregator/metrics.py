@@ -36,6 +36,10 @@ _LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 Source = Callable[[], dict[str, Any]]
 
+#: reasons a transport drops a message for before the engine sees it (ZeroMQ client
+#: authentication, malformed frames, non-UTF-8 topics): shown from zero, like the engine's
+TRANSPORT_REASONS = ("unauthenticated", "wrong_frame_count", "topic_not_utf8")
+
 
 class _EngineCollector(Collector):
     def __init__(self, owner: AggregatorMetrics) -> None:
@@ -84,8 +88,9 @@ class _EngineCollector(Collector):
         rejected = CounterMetricFamily(
             "cat_updates_rejected", "Messages rejected, by reason.", labels=["reason"]
         )
-        extra = sorted(set(snap["rejected"]) - set(REJECT_REASONS))  # e.g. transport refusals
-        for reason in (*REJECT_REASONS, *extra):
+        known = (*REJECT_REASONS, *TRANSPORT_REASONS)
+        extra = sorted(set(snap["rejected"]) - set(known))
+        for reason in (*known, *extra):
             rejected.add_metric([reason], float(snap["rejected"].get(reason, 0)))
         yield rejected
         yield from _published(snap.get("published") or {}, snap.get("snapshots_withheld", 0))

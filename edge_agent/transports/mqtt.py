@@ -125,6 +125,7 @@ class MqttTransport(Transport):
         self._suback: dict[int, list[ReasonCode]] = {}
         self._sent = 0  # QoS 1 publishes handed to paho
         self._acked = 0  # PUBACKs received
+        self._refused_counts: dict[str, int] = {}  # dropped inbound messages, by reason
         self._tls = tls is not None
         self._not_connected_logged: float | None = None  # last "still not connected" line
 
@@ -247,7 +248,24 @@ class MqttTransport(Transport):
             )
 
     def _on_message(self, client: paho.Client, userdata: Any, msg: paho.MQTTMessage) -> None:
-        self._deliver(Message(msg.topic, bytes(msg.payload)))
+        try:
+            topic = msg.topic  # paho decodes it here; a lax broker may route invalid UTF-8
+        except UnicodeDecodeError:
+            self._refuse("topic_not_utf8", "a message's topic is not UTF-8")
+            return
+        self._deliver(Message(topic, bytes(msg.payload)))
+
+    @property
+    def refused(self) -> dict[str, int]:
+        """Messages dropped before anyone read them, by reason (a copy; the aggregator adds
+        them to ``cat_updates_rejected_total{reason}``): ``topic_not_utf8``."""
+        with self._cond:
+            return dict(self._refused_counts)
+
+    def _refuse(self, reason: str, detail: str) -> None:
+        with self._cond:
+            self._refused_counts[reason] = self._refused_counts.get(reason, 0) + 1
+        self._drop(reason, detail)
 
     def _on_publish(
         self,

@@ -51,6 +51,10 @@ agent is dropped and counted in :attr:`ZmqTransport.refused` (``agent_mismatch``
 handshake as ``unauthenticated``. Agents then need ``curve_client_secret_file``. Without
 ``curve_agents_dir`` any client key is accepted (encryption and server authentication only).
 Make keys with :func:`edge_agent.transports.zmq_auth.write_keypair` (``edge-agent keys zmq``).
+
+Messages dropped before anyone reads them are counted in :attr:`ZmqTransport.refused` too
+(the aggregator shows them in ``cat_updates_rejected_total{reason}``):
+``wrong_frame_count`` (not the two frames ``[topic, payload]``) and ``topic_not_utf8``.
 """
 
 from __future__ import annotations
@@ -87,8 +91,11 @@ __all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "REFUSED_REASONS", "ZmqTransport", "gene
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 2**20
 #: added to max_message_bytes for the ZMTP/CURVE envelope of a frame (MESSAGE command, box)
 _FRAME_ALLOWANCE = 256
-#: the reasons counted in ZmqTransport.refused
+#: the reasons counted in ZmqTransport.refused (from the start; the transport-level drops
+#: of TRANSPORT_DROPS appear once they happen)
 REFUSED_REASONS = ("unauthenticated", "agent_mismatch")
+#: malformed ZeroMQ messages dropped and counted in ZmqTransport.refused
+TRANSPORT_DROPS = ("wrong_frame_count", "topic_not_utf8")
 
 log = logging.getLogger(__name__)
 
@@ -178,14 +185,14 @@ class ZmqTransport(Transport):
     def refused(self) -> dict[str, int]:
         """Counts of what client authentication refused (a copy): ``unauthenticated``
         handshakes (key not in ``curve_agents_dir``) and ``agent_mismatch`` messages (topic
-        names another agent than the connection's key). Also counted in ``stats.dropped``
-        (the mismatches)."""
+        names another agent than the connection's key), and the malformed messages of
+        :data:`TRANSPORT_DROPS`. Also counted in ``stats.dropped`` (all but handshakes)."""
         with self._stats_lock:
             return dict(self._refused)
 
     def _refuse(self, reason: str, detail: str = "") -> None:
         with self._stats_lock:
-            self._refused[reason] += 1
+            self._refused[reason] = self._refused.get(reason, 0) + 1
         if reason != "unauthenticated":  # handshakes are not messages: logged by the list
             self._drop(reason, detail)
 
@@ -556,14 +563,14 @@ class ZmqTransport(Transport):
             except zmq.Again:
                 return
             if len(frames) != 2:
-                self._drop(
-                    "malformed message", f"expected 2 frames [topic, payload], got {len(frames)}"
+                self._refuse(
+                    "wrong_frame_count", f"expected 2 frames [topic, payload], got {len(frames)}"
                 )
                 continue
             try:
                 topic = frames[0].decode()
             except UnicodeDecodeError:
-                self._drop("malformed message", "topic frame is not UTF-8")
+                self._refuse("topic_not_utf8", "the topic frame is not UTF-8")
                 continue
             if bound and not speaks_for(topic, user):
                 self._refuse(
