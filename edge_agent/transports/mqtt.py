@@ -23,7 +23,13 @@ Options (query string or keyword): ``timeout_s`` (connect/subscribe wait, defaul
 ``max_inflight`` (unacknowledged QoS 1 messages on the wire, default 20), ``clean_session``
 (default false), ``username``, ``password`` / ``password_file`` / ``password_env`` (no
 default password, ever), and for ``mqtts``: ``ca_file``, ``cert_file``, ``key_file``,
-``tls_insecure`` (skip host-name check only; default false).
+``tls_insecure`` (skip host-name check only; default false), ``max_packet_bytes`` (the
+broker's packet size limit when known, e.g. 4194304 for the shipped Mosquitto: a larger
+message is refused before it is sent; default 0, unknown).
+
+A message the broker disconnects on for its size is found after three losses in a row,
+dropped, counted in ``stats.dropped`` and logged once as an ERROR, instead of being re-sent
+forever (:mod:`edge_agent.transports.oversize`).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 from edge_agent import topics
 from edge_agent.errors import TransportError
 from edge_agent.transports.base import Message, Role, Transport
+from edge_agent.transports.oversize import OversizeDetector, Suspect, explain, packet_size
 from edge_agent.transports.url import OptionReader, parse_url
 
 log = logging.getLogger(__name__)
@@ -80,6 +87,7 @@ class MqttTransport(Transport):
         self._close_timeout_s = opts.get_float("close_timeout_s", 5.0)
         self._keepalive_s = opts.get_int("keepalive_s", 30, minimum=5)
         max_inflight = opts.get_int("max_inflight", 20, minimum=1)
+        self._max_packet_bytes = opts.get_int("max_packet_bytes", 0)
         clean_session = opts.get_bool("clean_session", False)
         username = opts.get_str("username")
         password = self._read_password(opts)
@@ -126,6 +134,8 @@ class MqttTransport(Transport):
         self._sent = 0  # QoS 1 publishes handed to paho
         self._acked = 0  # PUBACKs received
         self._refused_counts: dict[str, int] = {}  # dropped inbound messages, by reason
+        self._oversize = OversizeDetector()  # guarded by _cond
+        self._oversize_logged = False
         self._tls = tls is not None
         self._not_connected_logged: float | None = None  # last "still not connected" line
 
@@ -215,7 +225,10 @@ class MqttTransport(Transport):
         with self._cond:
             was_connected, self._connected = self._connected, False
             closing = self._closed
+            suspect = self._oversize.lost() if was_connected and not closing else None
             self._cond.notify_all()
+        if suspect is not None:
+            self._drop_oversized(client, suspect)
         if was_connected and not closing:
             log.warning(
                 "%s: connection lost (%s); reconnecting with backoff 1..30 s, "
@@ -277,7 +290,26 @@ class MqttTransport(Transport):
     ) -> None:
         with self._cond:
             self._acked += 1
+            self._oversize.acked(mid)
             self._cond.notify_all()
+
+    def _drop_oversized(self, client: paho.Client, suspect: Suspect) -> None:
+        """Take the message the broker keeps disconnecting on out of paho's queue (paho has
+        no public call for one message; its queue is guarded by ``_out_message_mutex``)."""
+        with client._out_message_mutex:
+            client._out_messages.pop(suspect.mid, None)
+        with self._cond:
+            self._sent -= 1  # never to be acknowledged: close() must not wait for it
+            largest = self._oversize.largest_acked
+        self._oversized(explain(self.url, suspect, largest))
+
+    def _oversized(self, text: str) -> None:
+        """Count a message dropped for its size; the first one is logged as an ERROR."""
+        with self._cond:
+            first, self._oversize_logged = not self._oversize_logged, True
+        self._count("dropped")
+        if first:
+            log.error("%s", text)
 
     def _on_subscribe(
         self,
@@ -373,6 +405,15 @@ class MqttTransport(Transport):
         topics.validate_topic(topic)
         if self._closed:
             raise TransportError(f"{self.url}: publish after close(); open a new transport")
+        size = packet_size(topic, len(payload))
+        if self._max_packet_bytes and size > self._max_packet_bytes:
+            self._oversized(
+                f"{self.url}: a {size}-byte message on {topic!r} is above the broker's packet "
+                f"size limit of {self._max_packet_bytes} bytes (option max_packet_bytes); it "
+                "is dropped (counted in stats.dropped). Raise the broker's max_packet_size "
+                "and this option together, or send smaller messages (a smaller d or T)"
+            )
+            return
         info = self._client.publish(topic, bytes(payload), qos=QOS, retain=retain)
         if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
             # NO_CONN means "queued until reconnect"; anything else means paho refused it.
@@ -380,6 +421,7 @@ class MqttTransport(Transport):
             return
         with self._cond:
             self._sent += 1
+            self._oversize.sent(info.mid, size, topic)
         self._count("published")
 
     def subscribe(self, pattern: str) -> None:
