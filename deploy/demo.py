@@ -10,8 +10,9 @@ process it started (also on Ctrl-C).
 
     python deploy/demo.py [--agents 4] [--mqtt] [--target 0.05] [--keep] [--misconfigured]
 
-``--misconfigured`` (``make demo-misconfigured``) adds one agent, ``agent-bad``, whose
-feedback family does not fit the job (``--feedback none`` in an EF21 job, ``ef21`` in a
+``--misconfigured`` (``make demo-misconfigured``) adds one agent, ``agent-bad``, once the
+others have said hello (the first hello fixes the job's family), whose feedback family does
+not fit the job (``--feedback none`` in an EF21 job, ``ef21`` in a
 plain one): the aggregator refuses its hello and tells it why; the demo shows the lagging
 list (``/status`` waiting_for) as it changes, then that agent's WARNING lines and its exit
 code (2: a configuration error, after ``--max-refusals`` refusals), while the others train
@@ -263,6 +264,19 @@ def _note_waiting(status: dict[str, Any], seen: set[str] | None) -> None:
 BAD_AGENT = "agent-bad"
 
 
+def wait_for_agents(base: str, n: int, timeout_s: float) -> None:
+    """Until /status counts ``n`` agents that said hello; SystemExit after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if get_json(base + "/status")["agents"] >= n:
+                return
+        except (urllib.error.URLError, OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"demo: the {n} agents did not say hello within {timeout_s:g} s")
+
+
 def bad_feedback(feedback: str) -> str:
     """A feedback mode of the other family: EF21 agents and plain ones never share a job."""
     return "none" if feedback == "ef21" else "ef21"
@@ -455,6 +469,9 @@ def main() -> int:
             print(f"  agent-{i}: {FLEET[i]}")
         bad: subprocess.Popen[bytes] | None = None
         if args.misconfigured:
+            # the first hello fixes a job's feedback family: the fleet's hellos come first,
+            # as on a real site where one misconfigured device joins a running job
+            wait_for_agents(base, args.agents, timeout_s=60.0)
             wrong = bad_feedback(args.feedback)
             extra = ["--feedback", wrong, "--max-refusals", str(args.bad_max_refusals)]
             profile = FLEET[args.agents % len(FLEET)]
