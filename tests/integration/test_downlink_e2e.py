@@ -247,10 +247,16 @@ def test_bytes_on_the_wire_equal_the_ledgers_and_the_accounts(
         # the aggregator's downlink account of this agent
         info = infos[me]
         extra = (1, retained) if transport == "mqtt" else (0, 0)
-        assert (info.down.messages, info.down.bytes) == (
-            ledger.down.messages - extra[0],
-            ledger.down.bytes - extra[1],
-        ), me
+        charged = (info.down.messages, info.down.bytes)
+        received = (ledger.down.messages - extra[0], ledger.down.bytes - extra[1])
+        if transport == "zmq" and charged != received:
+            # ZeroMQ's slow joiner: a PUB drops what it sends before the SUB's subscription
+            # has reached it, so the answer to a hello can be lost (the agent then asks
+            # again). The aggregator charged it; the agent never received it.
+            lost = (charged[0] - received[0], charged[1] - received[1])
+            assert lost[0] == 1 and 0 < lost[1] <= 64, (me, charged, received)
+        else:
+            assert charged == received, me
         assert info.down.bytes > 0
         # the uplink: accepted updates only
         sizes = _update_sizes(a)
