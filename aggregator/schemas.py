@@ -100,16 +100,17 @@ class WaitingOut(_Out):
 
 
 def waiting_for(e: RoundEngine) -> list[WaitingOut]:
-    """Live agents without an update for the open round, longest waited for first (empty
-    unless the job is running)."""
+    """Agents the open round waits for (live, taking part or new: aggregator.participation)
+    without an update for it, longest waited for first (empty unless the job is running)."""
     if e.state != "running":
         return []
     opened = e.open_round["opened_at"]
     done = set(e.open_round["participants"])
+    awaited = e.counted().awaited
     out = [
         WaitingOut(agent=a.agent, since=None if opened is None else max(opened, a.first_seen))
         for a in e.agents.values()
-        if a.live and a.agent not in done
+        if a.agent in awaited and a.agent not in done
     ]
     return sorted(out, key=lambda w: (w.since or 0.0, w.agent))
 

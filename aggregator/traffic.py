@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from aggregator.rounds import RoundEngine
 
 #: at most one full-model snapshot answer per agent per this many seconds of engine time
-SNAPSHOT_ANSWER_INTERVAL_S: Final = 10.0
+SNAPSHOT_ANSWER_INTERVAL_S: Final = 2.0
 #: agents remembered for the rate limit (bounded: agent ids come from topics)
 MAX_TRACKED: Final = 4096
 _PRICE_CACHE_MAX: Final = 4096
