@@ -58,8 +58,10 @@ def make_price(
     round: int = 0,
     seq: int = 0,
     value_dtype: ValueDtype = "float32",
+    mac: bool = False,
 ) -> Price:
-    """cost(T): the profile's objective cost of the exact encoded update of T entries."""
+    """cost(T): the profile's objective cost of the exact encoded update of T entries
+    (``mac``: signed, so 8 bytes more: :mod:`edge_agent.mac`)."""
 
     def price(t: IntArray) -> FloatArray:
         sizes = encoded_size(
@@ -71,6 +73,7 @@ def make_price(
             round=round,
             seq=seq,
             value_dtype=value_dtype,
+            mac=mac,
         )
         return np.asarray(
             profile.objective_cost(np.asarray(sizes, dtype=np.int64)), dtype=np.float64

@@ -30,6 +30,7 @@ from edge_agent.indexcode import (
     encode_indices,
     index_bytes,
 )
+from edge_agent.mac import FLAG_MAC, MAC_BYTES, compute
 
 MAGIC = b"\xca\x7e"
 _ID_RE = re.compile(r"[A-Za-z0-9._-]+")
@@ -63,6 +64,7 @@ class UpdateHeader:
     t: int
     value_dtype: ValueDtype
     semantics: Semantics
+    mac: bool = False  # flags bit 4: an 8-byte MAC follows the body (edge_agent.mac.verify)
 
 
 @dataclass(frozen=True)
@@ -246,11 +248,13 @@ def encoded_size(
     round: int,
     seq: int,
     value_dtype: ValueDtype = "float32",
+    mac: bool = False,
 ) -> int | IntArray:
     """Exact ``len(encode(update, ...))`` for an update of T entries; vectorised over ``t``.
 
     Returns an int for a scalar ``t`` and an int64 array otherwise. For randk, T is the
-    actual number of sampled entries (the selector prices the expected one).
+    actual number of sampled entries (the selector prices the expected one). ``mac``: the
+    update is signed (``encode(..., mac_key=...)``), 8 bytes more.
     """
     if compressor not in COMPRESSOR_IDS:
         raise ValueError(f"unknown compressor {compressor!r}; valid: {sorted(COMPRESSOR_IDS)}")
@@ -266,6 +270,7 @@ def encoded_size(
         + len(uvarint(round))
         + len(uvarint(seq))
         + len(uvarint(d))
+        + (MAC_BYTES if mac else 0)
     )
     size = fixed + uvarint_len(t_arr) + _value_bytes(compressor, d, t_arr, itemsize)
     if compressor != "dense":
@@ -276,9 +281,19 @@ def encoded_size(
 
 
 def encode(
-    u: Update, *, job: str, agent: str, round: int, seq: int, value_dtype: ValueDtype | None = None
+    u: Update,
+    *,
+    job: str,
+    agent: str,
+    round: int,
+    seq: int,
+    value_dtype: ValueDtype | None = None,
+    mac_key: bytes | None = None,
 ) -> bytes:
-    """Serialise an update. ``value_dtype`` defaults to the dtype of ``u.values``."""
+    """Serialise an update. ``value_dtype`` defaults to the dtype of ``u.values``.
+
+    ``mac_key``: sign it (flags bit 4, then ``HMAC-SHA256(mac_key, message)[:8]``
+    appended: :mod:`edge_agent.mac`)."""
     if u.compressor not in COMPRESSOR_IDS:
         raise ValueError(f"unknown compressor {u.compressor!r}")
     if not 0 < u.d <= MAX_D:
@@ -289,6 +304,8 @@ def encode(
         dtype_name = value_dtype or _dtype_name(u.values.dtype)
     dt = VALUE_DTYPES[dtype_name]
     flags = _DTYPE_CODES[dtype_name] | (_SEM_CODES[u.semantics] << 2)
+    if mac_key is not None:
+        flags |= FLAG_MAC
     parts = [
         _header(TYPE_UPDATE, COMPRESSOR_IDS[u.compressor], flags, job),
         _ident(agent, "agent"),
@@ -308,7 +325,8 @@ def encode(
             parts.append(np.packbits(np.asarray(u.values) < 0, bitorder="little").tobytes())
         else:
             parts.append(np.asarray(u.values, dtype=dt).tobytes())
-    return b"".join(parts)
+    blob = b"".join(parts)
+    return blob if mac_key is None else blob + compute(mac_key, blob)
 
 
 def _dtype_name(dt: np.dtype[np.generic]) -> ValueDtype:
@@ -333,9 +351,10 @@ _Head = tuple[str, ValueDtype, Semantics, str, str, int, int, int, int, int]
 _UPDATE_PREFIX = MAGIC + bytes([VERSION, TYPE_UPDATE])
 #: every valid flags byte -> (value dtype, semantics)
 _FLAGS: dict[int, tuple[ValueDtype, Semantics]] = {
-    code | (sem_code << 2): (name, sem)  # type: ignore[misc]
+    code | (sem_code << 2) | mac: (name, sem)  # type: ignore[misc]
     for name, code in _DTYPE_CODES.items()
     for sem_code, sem in enumerate(SEMANTICS)
+    for mac in (0, FLAG_MAC)
 }
 _MAX_U63 = 2**63 - 1
 _SIGNS = np.array([1, -1], dtype=np.int8)
@@ -396,7 +415,7 @@ def _header_checked(buf: bytes) -> _Head:
     compressor = _ID_COMPRESSORS.get(comp_id)
     if compressor is None:
         raise WireFormatError(f"unknown compressor id {comp_id}")
-    if flags & ~0x0F:
+    if flags & ~(0x0F | FLAG_MAC):
         raise WireFormatError(f"reserved flag bits set: {flags:#04x}")
     dtype_name = _CODE_DTYPES.get(flags & 0x03)
     if dtype_name is None:
@@ -415,7 +434,18 @@ def _header_checked(buf: bytes) -> _Head:
     return compressor, dtype_name, semantics, job, agent, rnd, seq, d, t, r.pos  # type: ignore[return-value]
 
 
-def _decode(buf: bytes) -> tuple[UpdateHeader, Update]:
+def unsigned_part(buf: bytes) -> tuple[bytes, bool]:
+    """(the message without its MAC, whether it has one): flags bit 4 of an update says
+    the last 8 bytes are a MAC over everything before them (docs/wire-format.md)."""
+    if len(buf) > 5 and buf[5] & FLAG_MAC and buf[:4] == _UPDATE_PREFIX:
+        if len(buf) < FIXED_HEADER_BYTES + MAC_BYTES:
+            raise WireFormatError(f"truncated: the MAC needs {MAC_BYTES} bytes")
+        return buf[:-MAC_BYTES], True
+    return buf, False
+
+
+def _decode(blob: bytes) -> tuple[UpdateHeader, Update]:
+    buf, mac = unsigned_part(blob)
     head = _header_fast(buf) or _header_checked(buf)
     compressor, dtype_name, semantics, job, agent, rnd, seq, d, t, pos = head
     r = _Reader(buf)
@@ -449,7 +479,7 @@ def _decode(buf: bytes) -> tuple[UpdateHeader, Update]:
     r.end()
     if compressor != "signtopk" and not np.isfinite(values).all():
         raise WireFormatError("values contain nan or inf")
-    header = UpdateHeader(job, agent, rnd, seq, compressor, d, t, dtype_name, semantics)
+    header = UpdateHeader(job, agent, rnd, seq, compressor, d, t, dtype_name, semantics, mac)
     return header, Update(compressor, d, indices, values, scale=scale, semantics=semantics)
 
 

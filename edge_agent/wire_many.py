@@ -15,12 +15,14 @@ import numpy.typing as npt
 from edge_agent.compressors import VALUE_DTYPES, Update
 from edge_agent.errors import WireFormatError
 from edge_agent.indexcode import BlockLayout, block_layout, decode_blocks
+from edge_agent.mac import FLAG_MAC
 from edge_agent.wire import (
     UpdateHeader,
     _Head,
     _header_checked,
     _header_fast,
     decode,
+    unsigned_part,
 )
 
 #: entries per vectorised value check: bounds its temporaries, and the array that the
@@ -59,6 +61,7 @@ def decode_many(
     rows: list[tuple[int, bytes, _Head, int]] = []  # index, message, header, value offset
     bodies: list[bytes] = []
     layouts: list[BlockLayout] = []
+    full: list[object] = []  # the whole message of each row (a signed one: with its MAC)
     for i, blob in enumerate(blobs):
         if type(blob) is bytes:
             buf = blob
@@ -67,6 +70,11 @@ def decode_many(
         else:
             out[i] = _decode_one(blob)
             continue
+        try:
+            buf, _ = unsigned_part(buf)  # a signed update: the body ends before its MAC
+        except WireFormatError as exc:
+            out[i] = exc
+            continue
         head = _header_fast(buf)
         if head is None:
             try:
@@ -74,28 +82,29 @@ def decode_many(
             except WireFormatError:
                 head = None
         if head is None or head[0] == "dense" or head[8] == 0 or head[9] >= len(buf):
-            out[i] = _decode_one(buf)
+            out[i] = _decode_one(blob)
             continue
         compressor, dtype_name, _, _, _, _, _, d, t, pos = head
         lay = block_layout(d, t, buf[pos])
         if lay is None:
-            out[i] = _decode_one(buf)
+            out[i] = _decode_one(blob)
             continue
         vpos = pos + 1 + lay.nbytes
         w = VALUE_DTYPES[dtype_name].itemsize
         if len(buf) != vpos + (w + (t + 7) // 8 if compressor == "signtopk" else t * w):
-            out[i] = _decode_one(buf)
+            out[i] = _decode_one(blob)
             continue
         rows.append((i, buf, head, vpos))
+        full.append(blob)
         bodies.append(buf[pos + 1 : vpos])
         layouts.append(lay)
     if rows:
         try:
-            _decode_rows(rows, bodies, layouts, out)
+            _decode_rows(rows, bodies, layouts, out, full)
         except Exception:  # defence in depth: a bug here must not lose a batch
-            for i, buf, _, _ in rows:
+            for (i, _, _, _), whole in zip(rows, full, strict=True):
                 if out[i] is None:
-                    out[i] = _decode_one(buf)
+                    out[i] = _decode_one(whole)
     return out  # type: ignore[return-value]
 
 
@@ -104,8 +113,10 @@ def _decode_rows(
     bodies: list[bytes],
     layouts: list[BlockLayout],
     out: list[tuple[UpdateHeader, Update] | WireFormatError | None],
+    full: list[object],
 ) -> None:
-    """Decode the sparse updates ``rows`` (headers parsed, lengths exact) into ``out``."""
+    """Decode the sparse updates ``rows`` (headers parsed, lengths exact; a signed one
+    without its MAC, which ``full`` holds) into ``out``."""
     indices = decode_blocks(bodies, layouts)
     values: list[npt.NDArray[np.generic] | None] = [None] * len(rows)
     scales: list[float | None] = [None] * len(rows)
@@ -129,10 +140,11 @@ def _decode_rows(
         idx = indices[j]
         vals = values[j]
         if idx is None or vals is None:
-            out[i] = _decode_one(buf)
+            out[i] = _decode_one(full[j])
             continue
         compressor, dtype_name, semantics, job, agent, rnd, seq, d, t, _ = head
-        header = UpdateHeader(job, agent, rnd, seq, compressor, d, t, dtype_name, semantics)
+        mac = bool(buf[5] & FLAG_MAC)
+        header = UpdateHeader(job, agent, rnd, seq, compressor, d, t, dtype_name, semantics, mac)
         out[i] = header, Update(compressor, d, idx, vals, scale=scales[j], semantics=semantics)
 
 

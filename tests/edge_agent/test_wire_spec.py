@@ -8,6 +8,8 @@ reference code only as the thing under test (encoder output, decoder output).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import math
 import re
 from dataclasses import dataclass
@@ -33,6 +35,10 @@ MAX_U63 = 2**63 - 1
 MAX_D = 2**32 - 1
 
 
+#: the key of the doc's signed example (section 8.3): bytes 0x00 .. 0x1f
+DOC_MAC_KEY = bytes(range(32))
+
+
 class SpecError(Exception):
     """The message violates docs/wire-format.md."""
 
@@ -51,6 +57,7 @@ class SpecUpdate:
     indices: npt.NDArray[np.int64] | None  # None for dense
     values: npt.NDArray[Any]  # wire dtype; signtopk: int8 signs (+1 / -1)
     scale: float | None  # signtopk with T > 0 only
+    mac: bytes | None = None  # flags bit 4: the 8 MAC bytes at the end (section 3.3)
 
 
 @dataclass
@@ -211,8 +218,14 @@ def spec_decode(buf: bytes) -> SpecUpdate:
     _, comp, flags, job = _header(cur, (1,))
     if comp not in COMPRESSORS:
         raise SpecError("unknown compressor")
-    if flags & 0xF0 or (flags & 3) not in DTYPES or (flags >> 2) & 3 not in SEMANTICS:
+    if flags & 0xE0 or (flags & 3) not in DTYPES or (flags >> 2) & 3 not in SEMANTICS:
         raise SpecError(f"bad flags {flags:#04x}")
+    mac: bytes | None = None
+    if flags & 0x10:  # section 3.3: the last 8 bytes are the MAC, the body ends before them
+        if len(buf) < cur.pos + 8:
+            raise SpecError("truncated MAC")
+        mac = buf[-8:]
+        cur.buf = buf[:-8]
     dtype, code = DTYPES[flags & 3]
     agent = cur.ident()
     rnd = cur.uvarint(0, MAX_U63)
@@ -244,9 +257,14 @@ def spec_decode(buf: bytes) -> SpecUpdate:
     cur.end()
     if name != "signtopk" and not np.isfinite(values).all():
         raise SpecError("non-finite value")
-    return SpecUpdate(
-        job, agent, rnd, seq, name, d, t, dtype, SEMANTICS[(flags >> 2) & 3], indices, values, scale
-    )
+    sem = SEMANTICS[(flags >> 2) & 3]
+    return SpecUpdate(job, agent, rnd, seq, name, d, t, dtype, sem, indices, values, scale, mac)
+
+
+def spec_mac_valid(key: bytes, buf: bytes) -> bool:
+    """Section 3.3: HMAC-SHA256 under ``key`` of every byte before the MAC, first 8 bytes."""
+    expected = hmac.new(key, buf[:-8], hashlib.sha256).digest()[:8]
+    return spec_decode(buf).mac is not None and hmac.compare_digest(expected, buf[-8:])
 
 
 def spec_decode_model(buf: bytes) -> SpecSnapshot | SpecDelta:
@@ -616,6 +634,37 @@ def test_delta_round_trip_sets_values_bit_identically(
     assert mine.tobytes() == theirs.tobytes()
 
 
+@pytest.mark.security
+@FAST
+@given(updates())
+def test_spec_decoder_reads_signed_updates(case: tuple[Update, dict[str, Any]]) -> None:
+    """Section 3.3 alone: a signed message is the unsigned one with flags bit 4 set and
+    HMAC-SHA256(key, everything before)[:8] appended; the body decodes the same."""
+    u, meta = case
+    plain = encode(u, **meta)
+    signed = encode(u, **meta, mac_key=DOC_MAC_KEY)
+    assert len(signed) == len(plain) + 8
+    assert signed[:5] == plain[:5] and signed[5] == plain[5] | 0x10
+    assert signed[6:-8] == plain[6:]
+    assert spec_mac_valid(DOC_MAC_KEY, signed)
+    got, ref = spec_decode(signed), spec_decode(plain)
+    assert got.mac == signed[-8:] and ref.mac is None
+    assert (got.job, got.agent, got.round, got.seq, got.t) == (
+        ref.job,
+        ref.agent,
+        ref.round,
+        ref.seq,
+        ref.t,
+    )
+    assert same_bits(got.values, ref.values)
+    assert_same_as_reference(got, signed)
+    assert decode(signed)[0].mac and not decode(plain)[0].mac
+    # section 6: a signed update costs 8 bytes more, and encoded_size(mac=True) says so
+    assert (
+        len(plain) + 8 == len(signed) == encoded_size(u.compressor, d=u.d, t=u.t, mac=True, **meta)
+    )
+
+
 # ---------------------------------------------------------------- accept/reject agreement
 
 
@@ -644,6 +693,7 @@ def _pool(rng: np.random.Generator) -> list[bytes]:
                         round=int(rng.integers(0, 300)),
                         seq=1,
                         value_dtype=dtype,
+                        mac_key=DOC_MAC_KEY if rng.random() < 0.3 else None,
                     )
                 )
         for d in (1, 41, 5000):
@@ -756,7 +806,9 @@ BAD_UPDATES = {
     "wrong type": _patched(_topk_blob(), 3, b"\x02"),
     "unknown compressor": _patched(_topk_blob(), 4, b"\x04"),
     "dtype code 3": _patched(_topk_blob(), 5, b"\x03"),
-    "reserved flag bit": _patched(_topk_blob(), 5, b"\x10"),
+    "reserved flag bit": _patched(_topk_blob(), 5, b"\x20"),
+    "reserved flag bit 7": _patched(_topk_blob(), 5, b"\x80"),
+    "MAC bit, no MAC": _patched(_topk_blob(), 5, b"\x10"),
     "empty job": _patched(_topk_blob(), 6, b"\x00", 5),
     "job with a slash": _patched(_topk_blob(), 7, b"d/mo", 4),
     "65-byte agent": _patched(_topk_blob(), 11, b"\x41" + b"a" * 65, 6),
@@ -869,11 +921,19 @@ def _hex_blocks() -> dict[str, bytes]:
 
 def test_doc_hex_examples_are_what_the_encoder_emits() -> None:
     blocks = _hex_blocks()
-    assert set(blocks) == {"topk-update", "signtopk-update", "delta", "snapshot"}
+    assert set(blocks) == {
+        "topk-update",
+        "signtopk-update",
+        "signed-topk-update",
+        "delta",
+        "snapshot",
+    }
     topk = Update("topk", 20, np.array([2, 9, 17]), np.array([0.5, -1.25, 2.0], dtype="<f4"))
     sign = Update("signtopk", 20, np.array([2, 9, 17]), np.array([1, -1, 1], np.int8), scale=1.25)
     assert blocks["topk-update"] == encode(topk, job="demo", agent="pi-01", round=7, seq=0)
     assert blocks["signtopk-update"] == encode(sign, job="demo", agent="pi-01", round=7, seq=1)
+    signed = encode(topk, job="demo", agent="pi-01", round=7, seq=0, mac_key=DOC_MAC_KEY)
+    assert blocks["signed-topk-update"] == signed
     assert blocks["delta"] == encode_delta(
         [3, 10, 11, 25, 40],
         [0.5, -2.0, 0.125, 1.0, -0.75],
@@ -893,6 +953,12 @@ def test_doc_hex_examples_decode_by_the_spec() -> None:
     assert u.values.tolist() == [0.5, -1.25, 2.0]
     s = spec_decode(blocks["signtopk-update"])
     assert s.values.tolist() == [1, -1, 1] and s.scale == 1.25
+    m = spec_decode(blocks["signed-topk-update"])
+    assert m.mac is not None and u.mac is None
+    assert (m.indices is not None) and m.indices.tolist() == [2, 9, 17]
+    assert m.values.tolist() == u.values.tolist()
+    assert spec_mac_valid(DOC_MAC_KEY, blocks["signed-topk-update"])
+    assert not spec_mac_valid(bytes(32), blocks["signed-topk-update"])
     delta = spec_decode_model(blocks["delta"])
     assert isinstance(delta, SpecDelta)
     assert delta.indices.tolist() == [3, 10, 11, 25, 40]
