@@ -10,9 +10,11 @@ before anything changed, so a refused message leaves no trace but its count.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Final, Literal
 
+from edge_agent import mac as update_mac
 from edge_agent import messages, topics, wire
 from edge_agent.compressors import COMPRESSOR_IDS, Update
 from edge_agent.errors import WireFormatError
@@ -32,6 +34,7 @@ REJECT_REASONS: Final[tuple[str, ...]] = (
     "too_many_agents",
     "too_large",
     "would_diverge",
+    "bad_mac",
     "duplicate",
     "stale",
     "ef21_reset",
@@ -84,6 +87,35 @@ class Limits:
         for ok, msg in checks:
             if not ok:
                 raise ValueError(f"Limits: {msg}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MacPolicy:
+    """Which updates must carry a valid MAC (docs/wire-format.md section 3.3).
+
+    ``keys``: the MAC key of each agent that has one (``AGG_MAC_KEYS_DIR``); an update from
+    such an agent must carry a MAC that verifies under it. ``required``
+    (``AGG_REQUIRE_MAC``): an update without a MAC, or from an agent without a key, is
+    refused too. Every refusal is ``bad_mac``. Keys never appear in a repr."""
+
+    keys: Mapping[str, bytes] = field(default_factory=dict, repr=False, hash=False)
+    required: bool = False
+
+    def check(self, blob: bytes, header: wire.UpdateHeader, agent: str) -> None:
+        """Raise ``bad_mac`` unless ``blob`` (from ``agent``, decoded as ``header``) passes."""
+        key = self.keys.get(agent)
+        if key is None:
+            if self.required:
+                raise Reject(
+                    "bad_mac",
+                    f"{agent}: no MAC key for this agent and AGG_REQUIRE_MAC=true (add "
+                    f"{agent}.mac to AGG_MAC_KEYS_DIR)",
+                )
+            return
+        if not header.mac:
+            raise Reject("bad_mac", f"{agent}: unsigned update; run it with --mac-key-file")
+        if not update_mac.verify(key, blob):
+            raise Reject("bad_mac", f"{agent}: MAC does not verify under its key")
 
 
 #: an update's decoding: what wire.decode returns, or the error it raises
@@ -234,9 +266,11 @@ def check_update(
     job: str,
     d: int,
     hello: messages.Hello | None,
+    mac: MacPolicy | None = None,
 ) -> tuple[wire.UpdateHeader, Update]:
     """A decoded update that fits the job and its sender's ``hello`` (None: the agent has
-    not said hello). ``decoded``: the caller's decoding of ``blob``, if it has one."""
+    not said hello) and, with ``mac``, carries the MAC that policy asks for.
+    ``decoded``: the caller's decoding of ``blob``, if it has one."""
     if decoded is None:
         try:
             decoded = wire.decode(blob)
@@ -249,6 +283,8 @@ def check_update(
         raise Reject("wrong_job", header.job)
     if header.agent != agent:
         raise Reject("agent_mismatch", f"update from {header.agent!r} on {agent!r}'s topic")
+    if mac is not None:
+        mac.check(blob, header, agent)
     if hello is None:
         raise Reject("unknown_agent", f"{agent} sent an update before its hello")
     if header.d != d:

@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from aggregator.accounting import RoundRecord, Spend
-from aggregator.admission import Limits
+from aggregator.admission import Limits, MacPolicy
 from aggregator.outbound import Outbound
 from aggregator.robust_round import Aggregation
 from edge_agent import messages, topics
@@ -73,6 +73,8 @@ class EngineConfig:
     downlink_pacing: bool = False
     #: bounds on what agents claim (hello fields, update magnitude): aggregator.admission
     limits: Limits = field(default_factory=Limits)
+    #: which updates must carry a valid MAC (per-agent keys; docs/wire-format.md 3.3)
+    mac: MacPolicy = field(default_factory=MacPolicy)
     #: how L is formed from the hellos' L_i without a configured step: the row-weighted
     #: ``mean`` (trusts every claim) or a ``median`` one liar cannot move (aggregator.stepsize)
     step_rule: Literal["mean", "median"] = "mean"

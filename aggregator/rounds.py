@@ -392,15 +392,15 @@ class RoundEngine:
         self, agent: str, blob: bytes, decoded: Decoded | None
     ) -> tuple[wire.UpdateHeader, Update, AgentInfo]:
         """Decode the update and check it fits the job and the agent's hello (or reject)."""
-        cfg = self.config
         info = self.agents.get(agent)
         header, update = admission.check_update(
             blob,
             decoded,
             agent=agent,
-            job=cfg.job,
-            d=cfg.d,
+            job=self.config.job,
+            d=self.config.d,
             hello=None if info is None else info.hello,
+            mac=self.config.mac,
         )
         assert info is not None  # check_update rejects an agent without a hello
         return header, update, info

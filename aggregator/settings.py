@@ -38,11 +38,12 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from aggregator.admission import MAX_PAYLOAD_BYTES, Limits
+from aggregator.admission import MAX_PAYLOAD_BYTES, Limits, MacPolicy
 from aggregator.robust_round import parse_aggregation
 from aggregator.rounds import EngineConfig
 from edge_agent import topics
 from edge_agent.errors import CatEdgeError
+from edge_agent.mac import MacKeyError, read_keys_dir
 from edge_agent.transports import parse_url
 
 ENV_PREFIX = "AGG_"
@@ -186,6 +187,17 @@ class Settings(BaseSettings):
         description="Directory of <agent-id>.key public keys: only these agents may connect, "
         "each only as itself (needs AGG_ZMQ_SECRET_KEY_FILE).",
     )
+    # --- per-update MACs (docs/wire-format.md section 3.3, docs/operating.md)
+    mac_keys_dir: Path | None = Field(
+        None,
+        description="Directory of <agent-id>.mac keys (`edge-agent keys mac`): an update "
+        "from an agent with a key must carry a valid MAC (else refused bad_mac).",
+    )
+    require_mac: bool = Field(
+        False,
+        description="Refuse (bad_mac) every update without a valid MAC, also from agents "
+        "without a key (needs AGG_MAC_KEYS_DIR).",
+    )
     zmq_max_message_bytes: int | None = Field(
         None,
         ge=1024,
@@ -292,6 +304,7 @@ class Settings(BaseSettings):
             step_rule=self.step_rule,
             participation_window=self.participation_window,
             max_agents=self.max_agents,
+            mac=self.mac_policy(),
             limits=Limits(
                 max_rows=self.max_rows,
                 min_smoothness=self.min_smoothness,
@@ -300,6 +313,21 @@ class Settings(BaseSettings):
                 update_norm_warmup=self.update_norm_warmup,
             ),
         )
+
+    def mac_policy(self) -> MacPolicy:
+        """The MAC keys of ``AGG_MAC_KEYS_DIR`` and ``AGG_REQUIRE_MAC`` (read from disk)."""
+        if self.mac_keys_dir is None:
+            if self.require_mac:
+                raise SettingsError(
+                    "AGG_REQUIRE_MAC=true needs AGG_MAC_KEYS_DIR (a directory of <agent-id>.mac "
+                    "keys made with `edge-agent keys mac`), or every update is refused"
+                )
+            return MacPolicy()
+        try:
+            keys = read_keys_dir(self.mac_keys_dir)
+        except MacKeyError as exc:
+            raise SettingsError(f"AGG_MAC_KEYS_DIR: {exc}") from None
+        return MacPolicy(keys=keys, required=self.require_mac)
 
     @property
     def zmq_message_cap(self) -> int:

@@ -76,6 +76,7 @@ class AgentConfig:
     #: "directional": T priced with the curvature along the direction sent, the update
     #: scaled so that the 1/L step moves x by t q (semantics ``dir``; docs/curvature.md).
     curvature: CurvatureName = "global"
+    mac_key: bytes | None = None  # sign every update with this key (edge_agent.mac)
 
     def __post_init__(self) -> None:
         if self.curvature not in ("global", "directional"):
@@ -249,11 +250,8 @@ class Agent:
         self.rng = np.random.default_rng(config.seed)
         self.policy: Policy = parse_policy(config.policy)
         self.feedback: Feedback = FEEDBACK[config.feedback](model.d)
-        self.smoothness = (
-            smoothness
-            if smoothness is not None
-            else model.smoothness(data, rng=np.random.default_rng(config.seed))
-        )
+        fit_rng = np.random.default_rng(config.seed)
+        self.smoothness = model.smoothness(data, rng=fit_rng) if smoothness is None else smoothness
         #: what the updates carry: the feedback's semantics, or ``dir`` (family *mean*)
         self.semantics: Semantics = (
             "dir" if config.curvature == "directional" else self.feedback.semantics
@@ -558,6 +556,7 @@ class Agent:
             round=self.version,
             seq=self.seq,
             value_dtype=cfg.value_dtype,
+            mac=cfg.mac_key is not None,
         )
         step: float | None = None  # the directional step t along q, if any
         if cfg.curvature == "directional":
@@ -585,6 +584,7 @@ class Agent:
             round=self.version,
             seq=self.seq,
             value_dtype=cfg.value_dtype,
+            mac_key=cfg.mac_key,
         )
         t4 = time.perf_counter()
         cost = self._publish(self._topic_update, blob, update=True)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from edge_agent.cli_keys import add_keys_parser
 from edge_agent.errors import CatEdgeError
 from edge_agent.logs import LOG_FORMATS
 from edge_agent.logs import configure as configure_logging
@@ -40,43 +41,6 @@ DEFAULT_JOB = "cat"
 EXIT_CONFIG = 2
 EPILOG = "Docs: README.md and docs/ in the cat-edge repository."
 LOG_FORMAT_HELP = "log lines as text (time level logger: message) or json (one object per line)"
-
-
-# --------------------------------------------------------------------------- keys
-
-
-def cmd_keys_zmq(args: argparse.Namespace) -> int:
-    """Write a CurveZMQ key pair and say where each file goes."""
-    from edge_agent.transports.zmq_auth import write_keypair
-
-    name = "server" if args.server else args.agent_id
-    public, secret = write_keypair(args.out, name)
-    if args.server:
-        print(f"aggregator secret key: {secret} (AGG_ZMQ_SECRET_KEY_FILE; keep it on the server)")
-        print(f"aggregator public key: {public} (give it to every agent: --zmq-server-key-file)")
-    else:
-        print(f"agent secret key: {secret} (this device only: --zmq-secret-key-file)")
-        print(f"agent public key: {public} (copy it into the aggregator's AGG_ZMQ_AGENTS_DIR)")
-    return 0
-
-
-def _add_keys_parser(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
-    keys = sub.add_parser(
-        "keys", help="make CurveZMQ key pairs (zmq+tcp:// authentication)", formatter_class=fmt
-    )
-    ksub = keys.add_subparsers(dest="keys_command", required=True, metavar="{zmq}")
-    kz = ksub.add_parser(
-        "zmq",
-        help="write <name>.key (public, 0644) and <name>.secret (0600); see docs/operating.md",
-        formatter_class=fmt,
-    )
-    kz.add_argument("--out", type=Path, required=True, help="directory to write the key pair to")
-    who = kz.add_mutually_exclusive_group(required=True)
-    who.add_argument("--agent-id", help="the agent the key is bound to (its file name)")
-    who.add_argument(
-        "--server", action="store_true", help="the aggregator's pair (server.key, server.secret)"
-    )
-    kz.set_defaults(func=cmd_keys_zmq)
 
 
 # --------------------------------------------------------------------------- run
@@ -141,6 +105,7 @@ def _build_agent(args: argparse.Namespace) -> Agent:
     """Everything ``run`` needs before it connects (each error here is a configuration error)."""
     from edge_agent.agent import Agent, AgentConfig
     from edge_agent.data import load_dataset
+    from edge_agent.mac import read_key
     from edge_agent.models import make_model
     from edge_agent.profiles import resolve_profile
     from edge_agent.transports import open_transport
@@ -163,6 +128,7 @@ def _build_agent(args: argparse.Namespace) -> Agent:
         max_rounds=args.max_rounds,
         curvature=args.curvature,
         max_refusals=args.max_refusals,
+        mac_key=None if args.mac_key_file is None else read_key(args.mac_key_file),
     )
     transport = open_transport(
         args.server,
@@ -513,9 +479,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="this agent's CurveZMQ secret key file (`edge-agent keys zmq`); needed when the "
         "aggregator admits listed agent keys only (AGG_ZMQ_AGENTS_DIR)",
     )
+    sec.add_argument(
+        "--mac-key-file",
+        type=Path,
+        default=None,
+        help="sign every update with this agent's MAC key (`edge-agent keys mac`; the "
+        "aggregator holds a copy in AGG_MAC_KEYS_DIR)",
+    )
     run.set_defaults(func=cmd_run)
 
-    _add_keys_parser(sub, fmt)
+    add_keys_parser(sub, fmt)
 
     prof = sub.add_parser(
         "profiles",
