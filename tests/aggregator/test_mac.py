@@ -23,7 +23,7 @@ from aggregator.sim.harness import FleetHarness
 from edge_agent import cli, mac, messages, topics, wire
 from edge_agent.agent import AgentConfig
 from edge_agent.compressors import Update
-from edge_agent.data import make_rcv1_like
+from edge_agent.data import make_rcv1_like, write_libsvm
 from edge_agent.errors import WireFormatError
 from edge_agent.models import make_model
 from edge_agent.profiles import resolve_profile
@@ -240,6 +240,22 @@ def test_settings_load_the_keys_and_require_needs_them(
     monkeypatch.delenv("AGG_MAC_KEYS_DIR")
     with pytest.raises(SettingsError, match="AGG_REQUIRE_MAC"):
         load_settings(job=JOB, d=D).engine_config()
+
+
+def test_run_mac_key_file_makes_the_agent_sign(tmp_path: Path) -> None:
+    data = tmp_path / "shard.svm"
+    write_libsvm(make_rcv1_like(20, 30, rng=np.random.default_rng(0)), data)
+    key = mac.write_key(tmp_path, "a")
+    base = ["run", "--profile", "wifi_rpi4_mqtt_tls13", "--data", str(data)]
+    base += ["--server", "memory://mac-cli", "--agent-id", "a"]
+    agent = cli._build_agent(cli.build_parser().parse_args([*base, "--mac-key-file", str(key)]))
+    assert agent.config.mac_key == key.read_bytes()
+    agent.transport.close()
+    (tmp_path / "bad.mac").write_bytes(b"short")
+    with pytest.raises(mac.MacKeyError, match="32 bytes"):
+        cli._build_agent(
+            cli.build_parser().parse_args([*base, "--mac-key-file", str(tmp_path / "bad.mac")])
+        )
 
 
 # ---------------------------------------------------------------- end to end
