@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
+from edge_agent import jobinfo, messages, topics, wire
 from edge_agent import mac as update_mac
-from edge_agent import messages, topics, wire
 from edge_agent.compressors import COMPRESSOR_IDS, Update
 from edge_agent.errors import WireFormatError
 
@@ -44,7 +44,7 @@ REJECT_REASONS: Final[tuple[str, ...]] = (
     "internal_error",
 )
 
-#: the two families of update semantics a job can run (the first hello fixes it)
+#: the two families of update semantics a job can run (configured, or the first hello fixes it)
 Family = Literal["mean", "ef21"]
 
 #: Largest payload the engine looks at (a dense float64 update of d = 2**24 fits).
@@ -176,10 +176,13 @@ def check_hello(
     alone: bool,
     fixed_step: bool = False,
     limits: Limits | None = None,
+    feedback: str = "any",
 ) -> messages.Hello:
-    """A hello that fits the job and ``limits`` (None: the defaults). ``family``: the job's semantics family so far (None:
-    not fixed yet); ``alone``: no other agent is registered, so the family may change;
-    ``fixed_step``: the job configures its step size (``dir`` agents need ``1/L``)."""
+    """A hello that fits the job and ``limits`` (None: the defaults). ``feedback``: the
+    job's configured feedback (``AGG_FEEDBACK``; ``any``: ``family`` decides); ``family``:
+    the job's semantics family so far (None: not fixed yet); ``alone``: no other agent is
+    registered, so an unconfigured family may change; ``fixed_step``: the job configures
+    its step size (``dir`` agents need ``1/L``)."""
     try:
         hello = messages.parse(messages.Hello, blob)
     except WireFormatError as exc:
@@ -189,13 +192,22 @@ def check_hello(
     if hello.job != job:
         raise Reject("wrong_job", hello.job)
     if hello.d != d:
-        raise Reject("wrong_d", f"{agent}: d={hello.d}, job has d={d}")
+        raise Reject(
+            "wrong_d",
+            f"{agent}: d={hello.d}; job has d={d} (AGG_D); run the agent with --features {d}",
+        )
     if hello.model != model:
-        raise Reject("wrong_model", f"{agent}: model {hello.model!r}, job runs {model!r}")
+        raise Reject(
+            "wrong_model",
+            f"{agent}: model {hello.model!r}; job runs {model!r} (AGG_MODEL); "
+            f"run the agent with --model {model}",
+        )
     if hello.compressor not in COMPRESSOR_IDS:
-        raise Reject("wrong_compressor", f"{agent}: {hello.compressor!r}")
-    if family is not None and semantics_family(hello.semantics) != family and not alone:
-        raise Reject("wrong_semantics", f"{agent}: {hello.semantics} in a {family} job")
+        raise Reject(
+            "wrong_compressor",
+            f"{agent}: {hello.compressor!r}; job accepts {', '.join(COMPRESSOR_IDS)}",
+        )
+    check_family(hello, feedback=feedback, family=family, alone=alone)
     if hello.semantics == "dir":
         _check_directional(hello, fixed_step=fixed_step)
     check_hello_bounds(hello, limits or Limits())
@@ -247,6 +259,27 @@ def _check_directional(hello: messages.Hello, *, fixed_step: bool) -> None:
             "wrong_semantics",
             f"{hello.agent}: dir updates are scaled for the step 1/L; this job configures "
             "step_size (unset it, or run the agent with --curvature global)",
+        )
+
+
+def check_family(hello: messages.Hello, *, feedback: str, family: str | None, alone: bool) -> None:
+    """Raise ``wrong_semantics`` unless the hello's update family is the job's: the
+    configured one (``feedback``), or with ``any`` the one the first hello fixed (which a
+    lone agent may still change). The detail names the job's value and the fix."""
+    own = semantics_family(hello.semantics)
+    want = jobinfo.family_of(feedback)
+    if want is not None and own != want:
+        raise Reject(
+            "wrong_semantics",
+            f"{hello.agent}: {hello.semantics}; job runs {feedback} (AGG_FEEDBACK); "
+            f"run the agent with {jobinfo.agent_flag(feedback)}",
+        )
+    if want is None and family is not None and own != family and not alone:
+        fits = "ef21" if family == "ef21" else "none"
+        raise Reject(
+            "wrong_semantics",
+            f"{hello.agent}: {hello.semantics} in a {family} job (fixed by its first agent, "
+            f"AGG_FEEDBACK=any); run the agent with {jobinfo.agent_flag(fits)}",
         )
 
 

@@ -19,6 +19,7 @@ from aggregator.outbound import Outbound
 from aggregator.robust_round import Aggregation
 from edge_agent import messages, topics
 from edge_agent.cost import ZERO, Cost
+from edge_agent.jobinfo import FEEDBACK_SETTINGS, FeedbackSetting
 
 FloatArray = npt.NDArray[np.float64]
 Mode = Literal["sync", "async"]
@@ -86,6 +87,11 @@ class EngineConfig:
     participation_window: int = 10
     #: registered agents at most; a hello from one more is refused ``too_many_agents``
     max_agents: int = 1000
+    #: the update family the job runs: ``ef21``, or ``none``/``ef``/``dir`` (family *mean*,
+    #: they may share a job); a hello of the other family is refused ``wrong_semantics``.
+    #: ``any``: the first accepted hello fixes it (the library default; the service's
+    #: ``AGG_FEEDBACK`` defaults to ``ef21``, the agent's default)
+    feedback: FeedbackSetting = "any"
 
     def __post_init__(self) -> None:
         topics.validate_id(self.job, "job id")
@@ -108,6 +114,7 @@ class EngineConfig:
             (self.step_rule in ("mean", "median"), "step_rule must be mean or median"),
             (self.participation_window >= 1, "participation_window must be >= 1"),
             (self.max_agents >= 1, "max_agents must be >= 1"),
+            (self.feedback in FEEDBACK_SETTINGS, "feedback must be none, ef, ef21, dir or any"),
             (
                 self.dedupe_window >= max(1, self.max_staleness),
                 "dedupe_window must be >= max_staleness",

@@ -47,7 +47,7 @@ from aggregator.engine_types import (
 )
 from aggregator.guard import UpdateGuard
 from aggregator.outbound import Outbound, addressed, control_message
-from aggregator.refusals import Refusals
+from aggregator.refusals import Refusals, job_info
 from aggregator.robust_round import accumulator, downlink, restored
 from edge_agent import messages, wire
 from edge_agent.aggregation import EF21Mirror, StepResult
@@ -132,7 +132,7 @@ class RoundEngine:
         self._evaluator = evaluator
         self._pricer = Pricer(profiles)
         self._logged: set[str] = set()
-        self._refusals = Refusals(config.job)  # tells refused agents (rate-limited)
+        self.refusals = Refusals(config.job, announce=job_info(config))  # rate-limited
         self._topics = admission.TopicParser(config.job)
         self._down = Broadcast(config.job, d, downlink(config), window=config.downlink_window)
         self.traffic = traffic.Traffic(config.job, self._pricer)  # answers, per-agent accounts
@@ -320,8 +320,10 @@ class RoundEngine:
             alone=all(a == agent for a in self.agents),
             fixed_step=cfg.step_size is not None,
             limits=cfg.limits,
+            feedback=cfg.feedback,
         )
         fam = semantics_family(hello.semantics)
+        self.refusals.refused_agents.forget(agent)
         # --- apply
         self._gamma = None  # a hello may change L (rows, smoothness) or the family
         info = self.agents.get(agent)
@@ -338,8 +340,7 @@ class RoundEngine:
                 info.needs_reset = False
             info.hello = hello
         info.last_seen = max(info.last_seen, now)
-        info.live = True
-        info.state = "online"
+        info.live, info.state = True, "online"
         if self.family != fam:
             if self.family is not None:
                 self._reset_agent_state(agent)  # the only agent switched semantics
@@ -535,12 +536,13 @@ class RoundEngine:
         self._seen.forget(agent, self._agent_index[agent])
 
     def state_controls(self) -> list[Outbound]:
-        """The control message agents must see now (pause/stop), if any."""
+        """What agents must see now: the job's settings (retained) and pause/stop, if any."""
+        out = [self.refusals.announce] if self.refusals.announce is not None else []
         if self.state in ("paused", "finished"):
             cmd: Literal["pause", "stop"] = "pause" if self.state == "paused" else "stop"
             ctl = messages.Control(cmd=cmd, version=self.version, reason=self.finish_reason)
-            return [control_message(self.config.job, ctl)]
-        return []
+            out.append(control_message(self.config.job, ctl))
+        return out
 
     def _maybe_start(self, now: float) -> None:
         if self.state == "waiting" and len(self.agents) >= self.config.min_agents:
@@ -667,8 +669,8 @@ class RoundEngine:
         )
         if agent is None or now is None:
             return Effects(reason=reason)
-        told = self._refusals.tell(agent, reason, detail, now, self.version)
-        return Effects(reason=reason) if told is None else Effects(outbound=(told,), reason=reason)
+        told = self.refusals.answer(agent, reason, detail, now, self.version)
+        return Effects(outbound=told, reason=reason)
 
     def _log_once(self, key: str, fmt: str, *args: object) -> None:
         if key not in self._logged:

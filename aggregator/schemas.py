@@ -115,6 +115,15 @@ def waiting_for(e: RoundEngine) -> list[WaitingOut]:
     return sorted(out, key=lambda w: (w.since or 0.0, w.agent))
 
 
+class RefusedOut(_Out):
+    """An agent the aggregator refused (its hello or updates do not fit the job)."""
+
+    agent: str
+    reason: str = Field(description="The last refusal's reason (wrong_semantics, wrong_d, ...).")
+    count: int = Field(description="Refusals since it was first recorded (rate limit aside).")
+    last: float = Field(description="Unix time (s) of the last refusal.")
+
+
 class StatusOut(_Out):
     """The job at a glance."""
 
@@ -133,6 +142,11 @@ class StatusOut(_Out):
     open_round_participants: list[str]
     waiting_for: list[WaitingOut] = Field(
         description="Live agents the open round still waits for, and since when."
+    )
+    refused_agents: list[RefusedOut] = Field(
+        description="The last 100 distinct agents refused for their settings or state (a "
+        "refused hello registers nothing), most recent first; an accepted hello removes one. "
+        "In memory only."
     )
     updates_accepted: int
     updates_rejected: dict[str, int] = Field(description="Rejections by reason (non-zero only).")
@@ -179,6 +193,7 @@ class StatusOut(_Out):
             quorum=e.quorum(),
             open_round_participants=list(e.open_round["participants"]),
             waiting_for=waiting_for(e),
+            refused_agents=[RefusedOut(**r) for r in e.refusals.refused_agents.listing()],
             updates_accepted=e.accepted,
             updates_rejected={k: v for k, v in e.rejected.items() if v},
             totals=CostTotals.actual(e.totals),

@@ -141,6 +141,13 @@ class Settings(BaseSettings):
     update_norm_warmup: int = Field(
         16, ge=1, description="Accepted updates before the norm bound applies."
     )
+    feedback: Literal["none", "ef", "ef21", "dir", "any"] = Field(
+        "ef21",
+        description="The update family the job runs, announced on cat/<job>/job: ef21 (the "
+        "agent's default; converges with many agents), or none, ef or dir (plain family); a "
+        "hello of the other family is refused wrong_semantics. any: the first accepted hello "
+        "fixes it.",
+    )
     max_agents: int = Field(
         1000,
         ge=1,
@@ -304,6 +311,7 @@ class Settings(BaseSettings):
             step_rule=self.step_rule,
             participation_window=self.participation_window,
             max_agents=self.max_agents,
+            feedback=self.feedback,
             mac=self.mac_policy(),
             limits=Limits(
                 max_rows=self.max_rows,

@@ -22,9 +22,9 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from edge_agent import messages, topics
+from edge_agent import jobinfo, messages, topics
 from edge_agent.answers import Answers
-from edge_agent.compressors import Semantics, Update, ValueDtype, compress
+from edge_agent.compressors import Semantics, ValueDtype, compress
 from edge_agent.cost import ZERO, Cost, Traffic
 from edge_agent.curvature import (
     DIRECTIONAL_COMPRESSORS,
@@ -417,7 +417,9 @@ class Agent:
         self.ledger.received(self.profile.downlink_cost(len(msg.payload)))
         self.answers.heard(self.clock())
         try:
-            if msg.topic == self._topic_delta or msg.topic == self._topic_model:
+            if jobinfo.handled(self, msg):  # the job's settings: edge_agent/jobinfo.py
+                pass
+            elif msg.topic == self._topic_delta or msg.topic == self._topic_model:
                 self._handle_model(msg.payload)
             elif msg.topic == self._topic_control:
                 self._handle_control(messages.parse(messages.Control, msg.payload))
@@ -573,7 +575,7 @@ class Agent:
         )
         if step is not None:
             update = scale_for_step(update, step, self.smoothness, value_dtype=cfg.value_dtype)
-        update = _with_semantics(update, self.semantics)
+        update = replace(update, semantics=self.semantics)  # shares the arrays
         t3 = time.perf_counter()
         # value_dtype: the signtopk scale travels in the configured dtype (the price assumed
         # it, and the agent's memories and the directional step were rounded to it)
@@ -692,9 +694,3 @@ class Agent:
     def _silent_for_s(self, now: float) -> float:
         """Seconds without a new model version while holding one (0 without a model)."""
         return 0.0 if self.x is None else now - self._last_progress
-
-
-def _with_semantics(update: Update, semantics: Semantics) -> Update:
-    if update.semantics == semantics:
-        return update
-    return replace(update, semantics=semantics)

@@ -26,7 +26,7 @@ _ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 #: Kinds an agent publishes (topic ends in the agent id).
 AGENT_KINDS: tuple[str, ...] = ("hello", "update", "status", "request")
 #: Kinds the aggregator publishes to the whole job.
-JOB_KINDS: tuple[str, ...] = ("model", "delta", "control")
+JOB_KINDS: tuple[str, ...] = ("model", "delta", "control", "job")
 #: The kind the aggregator publishes to one agent (topic ends in that agent's id): the
 #: catch-up steps, snapshot and control answers meant for it alone, so that the rest of
 #: the fleet neither receives nor pays for them (the broker's ACL lets each agent read
@@ -91,6 +91,11 @@ def control(job: str) -> str:
     return f"{job_prefix(job)}control"
 
 
+def job_info(job: str) -> str:
+    """``cat/<job>/job``: the job's settings (retained JSON, :mod:`edge_agent.jobinfo`)."""
+    return f"{job_prefix(job)}job"
+
+
 def to_agent(job: str, agent: str) -> str:
     """``cat/<job>/to/<agent>``: what the aggregator addresses to ``agent`` alone."""
     return _agent_topic(TO_AGENT, job, agent)
@@ -107,9 +112,9 @@ def agent_inbound(job: str) -> list[str]:
 
 
 def agent_subscriptions(job: str, agent: str | None = None) -> list[str]:
-    """Subscription patterns an agent needs: model snapshots, deltas and control, and with
-    ``agent`` its own ``cat/<job>/to/<agent>`` (answers addressed to it)."""
-    subs = [model(job), delta(job), control(job)]
+    """Subscription patterns an agent needs: model snapshots, deltas, control and the job's
+    settings, and with ``agent`` its own ``cat/<job>/to/<agent>`` (answers addressed to it)."""
+    subs = [model(job), delta(job), control(job), job_info(job)]
     return subs if agent is None else [*subs, to_agent(job, agent)]
 
 

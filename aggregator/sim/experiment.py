@@ -136,6 +136,9 @@ def open_fleet(
             quorum_fraction=1.0,
             round_deadline_s=1e18,
             liveness_timeout_s=1e18,
+            # every agent runs the method's feedback, so the first hello's family is the
+            # method's; "any" (not announced) keeps runs byte-comparable with earlier ones
+            feedback="any",
         ),
         x0=model.initial_point(),
         profiles=lookup.get,

@@ -576,6 +576,7 @@
     }
     renderDirections(s);
     renderWaiting(s);
+    renderRefused(s);
   }
 
   const WAITING_SHOWN = 8;
@@ -595,6 +596,25 @@
     const more = waiting.length > WAITING_SHOWN ? ` and ${waiting.length - WAITING_SHOWN} more` : "";
     el.textContent = `Round ${s.round} waits for ${names.join(", ")}${more}`;
     el.title = waiting.map((w) => w.agent).join(", ");
+    el.hidden = false;
+  }
+
+  /** "Refused: agent-bad (wrong_semantics ×3, 12 s ago)": agents refused for their
+   *  settings (/status refused_agents, most recent first); a refused hello registers
+   *  nothing, so these never appear in the agents table. */
+  function renderRefused(s) {
+    const el = $("refused-agents");
+    const refused = Array.isArray(s.refused_agents) ? s.refused_agents : [];
+    if (!refused.length) {
+      el.hidden = true;
+      return;
+    }
+    const now = Date.now() / 1000;
+    const one = (r) => `${r.agent} (${r.reason} ×${fmtCount(r.count)}, ${relTime(now - r.last)})`;
+    const more = refused.length > WAITING_SHOWN ? ` and ${refused.length - WAITING_SHOWN} more` : "";
+    el.textContent = `Refused: ${refused.slice(0, WAITING_SHOWN).map(one).join(", ")}${more}`;
+    el.title = "The aggregator refused these agents (their settings do not fit the job) and " +
+      "told each why: " + refused.map((r) => `${r.agent}: ${r.reason}`).join(", ");
     el.hidden = false;
   }
 

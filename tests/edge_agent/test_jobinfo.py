@@ -1,0 +1,125 @@
+"""An agent reads the job's settings (``cat/<job>/job``) and, when its own do not fit, says
+so in one ERROR line naming both values and gives up before it sends an update (issue 12,
+"defaults that meet")."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from edge_agent import jobinfo, topics
+from edge_agent.agent import Agent, AgentConfig
+from edge_agent.data import make_rcv1_like
+from edge_agent.errors import WireFormatError
+from edge_agent.models import make_model
+from edge_agent.profiles import resolve_profile
+from edge_agent.transports import Message, Transport, open_transport
+
+JOB = "job1"
+D = 40
+
+
+def info(**fields: object) -> jobinfo.JobInfo:
+    base: dict[str, object] = {
+        "job": JOB,
+        "d": D,
+        "model": "logreg",
+        "feedback": "ef21",
+        "family": "ef21",
+        "compressors": ("dense", "topk"),
+    }
+    base.update(fields)
+    return jobinfo.JobInfo.model_validate(base)
+
+
+def conflict(i: jobinfo.JobInfo, **own: object) -> str | None:
+    base: dict[str, object] = {
+        "job": JOB,
+        "d": D,
+        "model": "logreg",
+        "semantics": "ef21",
+        "compressor": "topk",
+    }
+    base.update(own)
+    return jobinfo.conflict(i, **base)  # type: ignore[arg-type]
+
+
+def test_conflicts_name_both_values_and_the_fix() -> None:
+    assert conflict(info()) is None
+    line = conflict(info(), semantics="plain")
+    assert line is not None and "runs ef21 (AGG_FEEDBACK" in line and "this agent plain" in line
+    assert "--feedback ef21" in line
+    line = conflict(info(feedback="none", family="mean"), semantics="ef21")
+    assert line is not None and "runs none" in line and "--feedback none" in line
+    assert conflict(info(feedback="none", family="mean"), semantics="dir") is None
+    assert conflict(info(feedback="any", family=None), semantics="plain") is None
+    line = conflict(info(), d=D + 1)
+    assert line is not None and f"d={D} (AGG_D)" in line and f"d={D + 1}" in line
+    line = conflict(info(), model="linreg")
+    assert line is not None and "'logreg'" in line and "'linreg'" in line
+    line = conflict(info(), compressor="randk")
+    assert line is not None and "randk" in line and "dense, topk" in line
+    assert conflict(info(job="other"), d=1) is None  # not our job: not ours to judge
+
+
+def test_parse_tells_job_info_from_control_and_refuses_a_bad_one() -> None:
+    assert jobinfo.parse(info().dump()) == info()
+    assert jobinfo.parse(b'{"type":"control","cmd":"stop"}') is None
+    with pytest.raises(WireFormatError, match="job info"):
+        jobinfo.parse(b'{"type":"job","job":"job1"}')
+    with pytest.raises(WireFormatError, match="not JSON"):
+        jobinfo.parse(b"\xff")
+
+
+def make_agent(url: str, feedback: str) -> Agent:
+    data = make_rcv1_like(30, D, rng=np.random.default_rng(0), nnz_per_row=5)
+    config = AgentConfig(job=JOB, agent_id="me", duty_cycle="ignore", feedback=feedback)  # type: ignore[arg-type]
+    return Agent(
+        config,
+        model=make_model("logreg", n_features=D),
+        data=data,
+        profile=resolve_profile("wifi_rpi4_mqtt_tls13"),
+        transport=open_transport(url, role="agent", client_id="me"),
+        smoothness=1.0,
+    )
+
+
+def peer(url: str) -> Transport:
+    t = open_transport(url, role="aggregator", client_id="agg")
+    t.connect()
+    for pattern in topics.agent_inbound(JOB):
+        t.subscribe(pattern)
+    return t
+
+
+def test_a_conflicting_agent_reads_the_retained_settings_and_gives_up_before_any_update(
+    memory_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    agg = peer(memory_url)
+    agg.publish(topics.job_info(JOB), info().dump(), retain=True)
+    agent = make_agent(memory_url, "none")
+    caplog.set_level(logging.ERROR, logger="edge_agent")
+    try:
+        agent.start()
+        agent.run(poll_s=0.01)  # returns: the settings do not fit
+        assert agent.gave_up is not None and "this agent plain" in agent.gave_up
+        errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+        assert len(errors) == 1 and "runs ef21" in errors[0].getMessage()
+        sent = []
+        while (m := agg.recv(timeout_s=0)) is not None:
+            sent.append(topics.parse(m.topic).kind)
+        assert "update" not in sent
+    finally:
+        agent.close()
+        agg.close()
+
+
+def test_a_fitting_agent_reads_the_settings_and_goes_on(memory_url: str) -> None:
+    agent = make_agent(memory_url, "ef21")
+    agent.handle(Message(topics.job_info(JOB), info().dump()))
+    agent.handle(Message(topics.to_agent(JOB, "me"), info().dump()))  # in answer to a hello
+    assert agent.gave_up is None and agent.counters.dropped.get("unexpected_topic", 0) == 0
+    agent.handle(Message(topics.to_agent(JOB, "me"), info(d=D + 1).dump()))
+    assert agent.gave_up is not None and f"d={D + 1} (AGG_D)" in agent.gave_up
