@@ -122,16 +122,17 @@ class Refusals:
     def answer(
         self, agent: str, reason: str, detail: str, now: float, version: int
     ) -> tuple[Outbound, ...]:
-        """Record the refusal and what to tell ``agent`` (:meth:`tell`; with a reason
-        about its settings, the job's settings addressed to it as well)."""
+        """Record the refusal; what to tell ``agent``: control ``refused`` (:meth:`tell`,
+        rate-limited) and, with a reason about its settings, the job's settings addressed
+        to it alone, every time (an agent that reads them gives up; the hellos that ask are
+        spaced by the agent's own back-off)."""
         if reason in RECORDED_REASONS:
             self.refused_agents.record(agent, reason, now)
         told = self.tell(agent, reason, detail, now, version)
-        if told is None:
-            return ()
+        out = () if told is None else (told,)
         if self.announce is None or reason not in messages.REFUSAL_FATAL:
-            return (told,)
-        return (addressed(self.announce, self.job, agent), told)
+            return out
+        return (*out, addressed(self.announce, self.job, agent))
 
     def tell(
         self, agent: str, reason: str, detail: str, now: float, version: int

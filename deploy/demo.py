@@ -11,12 +11,13 @@ process it started (also on Ctrl-C).
     python deploy/demo.py [--agents 4] [--mqtt] [--target 0.05] [--keep] [--misconfigured]
 
 ``--misconfigured`` (``make demo-misconfigured``) adds one agent, ``agent-bad``, once the
-others have said hello (the first hello fixes the job's family), whose feedback family does
-not fit the job (``--feedback none`` in an EF21 job, ``ef21`` in a
-plain one): the aggregator refuses its hello and tells it why; the demo shows the lagging
-list (``/status`` waiting_for) as it changes, then that agent's WARNING lines and its exit
-code (2: a configuration error, after ``--max-refusals`` refusals), while the others train
-to the target. The last line is a JSON object with those facts, for tests.
+others have said hello, whose feedback family does not fit the job's (``AGG_FEEDBACK`` is
+the fleet's ``--feedback``; agent-bad runs ``none`` in an EF21 job, ``ef21`` in a plain
+one): the aggregator refuses its hello, tells it why and sends it the job's settings; the
+demo shows the lagging list (``/status`` waiting_for) as it changes, then that agent's
+WARNING and ERROR lines, its exit code (2: a configuration error) and the aggregator's
+``/status`` refused_agents naming it, while the others train to the target. The last line
+is a JSON object with those facts, for tests.
 """
 
 from __future__ import annotations
@@ -293,7 +294,7 @@ def report_misconfigured(
     except subprocess.TimeoutExpired:
         code = None
     text = log.read_text(encoding="utf-8", errors="replace") if log.is_file() else ""
-    warnings = [line for line in text.splitlines() if " WARNING " in line]
+    warnings = [line for line in text.splitlines() if " WARNING " in line or " ERROR " in line]
     errors = [line for line in text.splitlines() if line.startswith("edge-agent run: error")]
     print(f"\n{BAD_AGENT} (misconfigured): exit code {code}")
     for line in warnings + errors:
@@ -311,6 +312,18 @@ def report_misconfigured(
         "waiting_for_named_it": BAD_AGENT in seen_waiting,
         "waiting_for_seen": sorted(seen_waiting),
     }
+
+
+def refused_agents(status: dict[str, Any]) -> list[dict[str, Any]]:
+    """Print and return /status refused_agents (agents whose hello or updates the aggregator
+    refused: a refused hello registers nothing, so /agents never lists them)."""
+    refused: list[dict[str, Any]] = status.get("refused_agents") or []
+    print("  /status refused_agents:")
+    for r in refused:
+        print(f"    {r['agent']}: {r['reason']} x{r['count']}")
+    if not refused:
+        print("    (none)")
+    return refused
 
 
 def start_broker(work: Path) -> MosquittoBroker:
@@ -450,6 +463,7 @@ def main() -> int:
             "AGG_DATA_DIR": str(work / "aggregator"),
             "AGG_EVAL_DATA": str(work / "full.svm"),
             "AGG_MIN_AGENTS": str(args.agents),
+            "AGG_FEEDBACK": args.feedback,  # announced on cat/demo/job; others are refused
             # the radios are modelled and the traffic is loopback: downlink caps (a LoRaWAN
             # network's 10 a day) are accounted, not waited for, like the duty cycles
             "AGG_DOWNLINK_PACING": "false",
@@ -469,8 +483,8 @@ def main() -> int:
             print(f"  agent-{i}: {FLEET[i]}")
         bad: subprocess.Popen[bytes] | None = None
         if args.misconfigured:
-            # the first hello fixes a job's feedback family: the fleet's hellos come first,
-            # as on a real site where one misconfigured device joins a running job
+            # the fleet's hellos come first, as on a real site where one misconfigured
+            # device joins a running job
             wait_for_agents(base, args.agents, timeout_s=60.0)
             wrong = bad_feedback(args.feedback)
             extra = ["--feedback", wrong, "--max-refusals", str(args.bad_max_refusals)]
@@ -509,6 +523,7 @@ def main() -> int:
             facts = report_misconfigured(bad, work / f"{BAD_AGENT}.log", seen, timeout_s=5.0)
             rejected = status.get("updates_rejected") or {}
             print(f"  the aggregator counted refusals: {rejected}")
+            facts["refused_agents"] = refused_agents(get_json(base + "/status"))
             print(
                 json.dumps(
                     {
@@ -519,7 +534,8 @@ def main() -> int:
                     }
                 )
             )
-            return 0 if reached and facts["exit_code"] == 2 else 1
+            named = any(r["agent"] == BAD_AGENT for r in facts["refused_agents"])
+            return 0 if reached and facts["exit_code"] == 2 and named else 1
         return 0 if reached else 1
     except StartupError as exc:
         raise SystemExit(f"demo: {exc}") from None

@@ -505,7 +505,7 @@ class Agent:
     def _refused(self, reason: str, detail: str) -> None:
         """Log and count a refusal; give up after too many that cannot heal; say hello
         again when the aggregator does not know us (EF21 state it never saw restarts)."""
-        self.gave_up = self.answers.refusal(reason, detail)
+        self.gave_up = self.answers.refusal(reason, detail) or self.gave_up  # jobinfo's stays
         if self.gave_up is not None:
             self._stop.set()
         elif reason == "unknown_agent" and self.x is not None:

@@ -134,8 +134,9 @@ def handled(agent: Agent, msg: Message) -> bool:
         semantics=agent.semantics,
         compressor=cfg.compressor,
     )
-    if line is not None and agent.gave_up is None:
+    gave_up = f"agent {cfg.agent_id} does not fit the job: {line}"
+    if line is not None and agent.gave_up != gave_up:  # once, even after refusals ended it
         log.error("this agent's settings do not fit the job: %s", line)
-        agent.gave_up = line
+        agent.gave_up = gave_up
         agent.stop()
     return True

@@ -95,6 +95,10 @@ def test_the_refusal_names_the_jobs_value_and_the_fix_and_carries_the_settings()
     assert len(addressed) == 1 and not addressed[0].retain
     info = jobinfo.parse(addressed[0].payload)
     assert info is not None and (info.feedback, info.family, info.d) == ("ef21", "ef21", D)
+    assert eff.outbound[0].topic == topics.control(JOB)  # the WARNING first, then the settings
+    again = eng.handle(*hello("bad", "plain"), 2.0)  # within the rate limit: settings only
+    assert refused_controls(again.outbound) == []
+    assert [o.topic for o in again.outbound] == [topics.to_agent(JOB, "bad")]
 
 
 def test_wrong_d_and_model_name_the_setting_and_the_fix() -> None:

@@ -9,7 +9,7 @@ import logging
 import numpy as np
 import pytest
 
-from edge_agent import jobinfo, topics
+from edge_agent import jobinfo, messages, topics
 from edge_agent.agent import Agent, AgentConfig
 from edge_agent.data import make_rcv1_like
 from edge_agent.errors import WireFormatError
@@ -123,3 +123,26 @@ def test_a_fitting_agent_reads_the_settings_and_goes_on(memory_url: str) -> None
     assert agent.gave_up is None and agent.counters.dropped.get("unexpected_topic", 0) == 0
     agent.handle(Message(topics.to_agent(JOB, "me"), info(d=D + 1).dump()))
     assert agent.gave_up is not None and f"d={D + 1} (AGG_D)" in agent.gave_up
+
+
+def test_a_later_refusal_does_not_clear_the_give_up_and_an_earlier_one_does_not_hide_it(
+    memory_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="edge_agent")
+    agent = make_agent(memory_url, "none")  # max_refusals=3: one refusal does not end it
+    agent.handle(Message(topics.job_info(JOB), info().dump()))
+    agent.handle(refused("wrong_semantics"))
+    assert agent.gave_up is not None and "does not fit the job" in agent.gave_up
+    other = make_agent(memory_url, "none")
+    other.answers.max_refusals = 1  # the refusal alone ends it first
+    other.handle(refused("wrong_semantics"))
+    assert other.gave_up is not None and "refused agent me" in other.gave_up
+    other.handle(Message(topics.to_agent(JOB, "me"), info().dump()))
+    assert other.gave_up is not None and "does not fit the job" in other.gave_up
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 2 and all("runs ef21" in e for e in errors)
+
+
+def refused(reason: str) -> Message:
+    ctl = messages.Control(cmd="refused", agent="me", reason=reason, detail="job runs ef21")
+    return Message(topics.control(JOB), messages.dump(ctl))

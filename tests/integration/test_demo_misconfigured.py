@@ -1,11 +1,13 @@
 """`make demo-misconfigured` on a small problem: the refusal reaches the misconfigured agent.
 
 ``deploy/demo.py --misconfigured`` adds ``agent-bad`` with the other feedback family
-(``--feedback none`` in the demo's EF21 job). What must hold: the other agents train to
-the target; the aggregator refuses agent-bad's hello as ``wrong_semantics`` and tells it;
-agent-bad logs that at WARNING, gives up with one ``error`` line and exits 2 (a configuration
-error: systemd does not restart it); and the lagging list (/status waiting_for) never holds
-the refused agent up (it names live agents only; a refused hello never makes one live).
+(``--feedback none`` in the demo's EF21 job, ``AGG_FEEDBACK=ef21``). What must hold: the
+other agents train to the target; the aggregator refuses agent-bad's hello as
+``wrong_semantics``, tells it and sends it the job's settings; agent-bad logs the refusal
+at WARNING and the conflict at ERROR (naming the job's value and its own), gives up with
+one ``error`` line and exits 2 (a configuration error: systemd does not restart it); the
+lagging list (/status waiting_for) never holds the refused agent up (it names live agents
+only; a refused hello never makes one live), and /status refused_agents names it.
 """
 
 from __future__ import annotations
@@ -50,7 +52,12 @@ def test_the_misconfigured_agent_is_told_and_exits_2_while_the_others_train() ->
     bad = facts["bad"]
     assert bad["exit_code"] == 2, bad
     assert any(" WARNING " in w and "wrong_semantics" in w for w in bad["warnings"]), bad
-    assert any("refused agent agent-bad" in e for e in bad["errors"]), bad
+    assert any(" ERROR " in w and "AGG_FEEDBACK" in w for w in bad["warnings"]), bad
+    assert any("agent agent-bad does not fit the job" in e for e in bad["errors"]), bad
+    assert any("this agent plain" in e and "runs ef21" in e for e in bad["errors"]), bad
     assert facts["updates_rejected"].get("wrong_semantics", 0) >= 1, facts
     assert "agent-bad" not in bad["waiting_for_seen"], bad
     assert "agent-bad (misconfigured): exit code 2" in done.stdout
+    refused = {r["agent"]: r for r in bad["refused_agents"]}
+    assert refused["agent-bad"]["reason"] == "wrong_semantics", bad
+    assert "agent-bad: wrong_semantics x" in done.stdout
