@@ -265,7 +265,7 @@ class RoundEngine:
         else a snapshot (rate-limited, :mod:`aggregator.traffic`); with ``controls``, the
         pause/stop it must see."""
         steps = self._down.catch_up(have, self.version)
-        extra = self.state_controls() if controls else ()
+        extra = self.state_controls(settings=False) if controls else ()
         return self.traffic.answer(agent, steps, self.snapshot_message, now, extra)
 
     @property
@@ -535,9 +535,9 @@ class RoundEngine:
             self._down.drop_state(h, none_left=not self._ef21.h)
         self._seen.forget(agent, self._agent_index[agent])
 
-    def state_controls(self) -> list[Outbound]:
-        """What agents must see now: the job's settings (retained) and pause/stop, if any."""
-        out = [self.refusals.announce] if self.refusals.announce is not None else []
+    def state_controls(self, *, settings: bool = True) -> list[Outbound]:
+        """What agents must see now: the job's settings (start, hello) and pause/stop, if any."""
+        out = [self.refusals.announce] if settings and self.refusals.announce else []
         if self.state in ("paused", "finished"):
             cmd: Literal["pause", "stop"] = "pause" if self.state == "paused" else "stop"
             ctl = messages.Control(cmd=cmd, version=self.version, reason=self.finish_reason)
@@ -623,7 +623,7 @@ class RoundEngine:
             self._finish(f"reached max_rounds={cfg.max_rounds}")
         elif cfg.target_loss is not None and self.loss is not None and self.loss <= cfg.target_loss:
             self._finish(f"loss {self.loss:.6g} <= target_loss {cfg.target_loss:g}")
-        out.extend(self.state_controls())
+        out.extend(self.state_controls(settings=False))
         return Effects(outbound=tuple(out), committed=record)
 
     def _reset_round(self, now: float) -> None:

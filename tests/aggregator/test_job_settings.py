@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import uvicorn
 from fastapi.testclient import TestClient
@@ -23,7 +24,8 @@ from aggregator.app import create_app
 from aggregator.refusals import MAX_REFUSED_AGENTS, RefusedAgents
 from aggregator.rounds import EngineConfig, RoundEngine
 from aggregator.settings import SettingsError, load_settings
-from edge_agent import jobinfo, messages, topics
+from edge_agent import jobinfo, messages, topics, wire
+from edge_agent.compressors import compress
 from edge_agent.transports import open_transport
 
 JOB = "job1"
@@ -131,6 +133,21 @@ def test_the_job_is_announced_retained_on_its_topic_and_in_answer_to_a_hello() -
         jobinfo.parse(o.payload) for o in eff.outbound if o.topic == topics.to_agent(JOB, "good")
     ]
     assert any(a is not None and a.job == JOB for a in answers)
+
+
+def test_versions_and_request_answers_do_not_repeat_the_settings() -> None:
+    eng = engine("ef21")
+    eng.handle(*hello("a", "ef21"), 1.0)
+    u = compress(np.arange(D, dtype=np.float64), "topk", 3)
+    u = type(u)(u.compressor, u.d, u.indices, u.values, semantics="ef21")
+    eff = eng.handle(
+        topics.update(JOB, "a"), wire.encode(u, job=JOB, agent="a", round=0, seq=0), 2.0
+    )
+    assert eff.reason is None and eff.committed is not None  # a version closed
+    req = messages.dump(messages.Request(have=None))
+    eff2 = eng.handle(topics.request(JOB, "a"), req, 3.0)
+    for o in (*eff.outbound, *eff2.outbound):
+        assert o.topic != topics.job_info(JOB) and b'"type":"job"' not in o.payload
 
 
 def test_an_any_job_announces_nothing() -> None:
