@@ -420,8 +420,9 @@ def main() -> int:
     ap.add_argument(
         "--bad-max-refusals",
         type=int,
-        default=1,
-        help=f"{BAD_AGENT}'s --max-refusals (refusals are told at most once per 30 s)",
+        default=3,
+        help=f"{BAD_AGENT}'s --max-refusals (the agent's default; it gives up at once when it "
+        "reads the job's settings, which come right after the first refusal)",
     )
     args = ap.parse_args()
     if not 1 <= args.agents <= len(FLEET):
