@@ -320,6 +320,7 @@ class Fuzz:
             round_deadline_s=1e6,
             liveness_timeout_s=1e9,
             downlink_pacing=False,
+            feedback="any",  # honest agents of both families: the first hello fixes it
             transports=[f"memory://fuzz-{seed}-{time.monotonic_ns()}"],
             data_dir=data_dir,
         )

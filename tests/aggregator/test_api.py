@@ -36,6 +36,7 @@ def make_settings(memory_url: str, data_dir: Path, **overrides: Any) -> Settings
         "api_token": TOKEN,
         "tick_s": 0.02,
         "downlink_pacing": False,  # real time: LoRaWAN's daily downlink cap is tested apart
+        "feedback": "any",  # plain agents: the first hello fixes the family
     }
     values.update(overrides)
     return Settings(**values)

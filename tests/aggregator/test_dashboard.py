@@ -67,6 +67,7 @@ def make_settings(memory_url: str, data_dir: Path, **overrides: Any) -> Settings
         "data_dir": data_dir,
         "tick_s": 0.02,
         "downlink_pacing": False,  # real time: LoRaWAN's daily downlink cap is tested apart
+        "feedback": "any",  # plain agents: the first hello fixes the family
     }
     values.update(overrides)
     return Settings(**values)

@@ -39,7 +39,7 @@ def paused_service(
     the store's journal limits given, one agent registered and the job paused."""
     settings = load_settings(
         job=JOB, d=D, step_size=0.1, min_agents=1, liveness_timeout_s=TIMEOUT_S,
-        transports=[f"memory://{data_dir.name}"], data_dir=data_dir,
+        transports=[f"memory://{data_dir.name}"], data_dir=data_dir, feedback="any",
     )  # fmt: skip
     clock = Clock()
     svc = AggregatorService(settings, clock=clock)

@@ -33,7 +33,7 @@ D = 16
 def make_settings(memory_url: str, data_dir: Path) -> Settings:
     return load_settings(
         job=JOB, d=D, step_size=0.5, transports=[memory_url], data_dir=data_dir, tick_s=0.02,
-        downlink_pacing=False,
+        downlink_pacing=False, feedback="any",
     )  # fmt: skip
 
 

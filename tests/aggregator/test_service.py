@@ -29,6 +29,7 @@ def batch_service(data_dir: Path, **overrides: Any) -> tuple[AggregatorService, 
     fields: dict[str, Any] = {
         "job": JOB, "mode": "async", "max_staleness": 4, "dedupe_window": 64,
         "step_size": 0.1, "transports": [f"memory://{data_dir.name}"], "data_dir": data_dir,
+        "feedback": "any",
     }  # fmt: skip
     fields.update(overrides)
     settings = load_settings(**fields)
@@ -179,7 +180,7 @@ def _apply_all(x: np.ndarray, version: int, outbound: list[Any]) -> tuple[np.nda
 @pytest.mark.parametrize("downlink", ["delta", "exact"])
 def test_a_batch_of_versions_is_broadcast_as_one_message_with_the_same_bits(downlink: str) -> None:
     d = 64
-    eng = RoundEngine(load_settings(job=JOB, d=d, mode="async", async_apply_every=2,
+    eng = RoundEngine(load_settings(job=JOB, d=d, mode="async", async_apply_every=2, feedback="any",
                                     max_staleness=64, dedupe_window=64, min_agents=2,
                                     step_size=0.3, snapshot_every=7,
                                     downlink=downlink).engine_config())  # fmt: skip

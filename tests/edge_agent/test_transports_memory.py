@@ -74,7 +74,12 @@ def test_topic_builders_and_parse_round_trip() -> None:
         "cat/j/status/+",
         "cat/j/request/+",
     ]
-    assert topics.agent_subscriptions("j") == ["cat/j/model", "cat/j/delta", "cat/j/control"]
+    assert topics.agent_subscriptions("j") == [
+        "cat/j/model",
+        "cat/j/delta",
+        "cat/j/control",
+        "cat/j/job",
+    ]
     for kind in ("update", "hello", "status", "request"):
         pattern = f"cat/{'+' if kind == 'hello' else 'j'}/{kind}/+"
         assert pattern in topics.agent_inbound("j")

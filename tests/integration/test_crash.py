@@ -76,6 +76,7 @@ def test_aggregator_recovers_from_sigkill_and_the_agents_carry_on(
             data_dir=tmp_path / "agg",
             max_rounds=ROUNDS,
             checkpoint_every=5,
+            feedback=feedback,  # AGG_FEEDBACK: the job runs its agents' family
         ),
     )
     fleet = Fleet(tmp_path)

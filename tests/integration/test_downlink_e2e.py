@@ -202,9 +202,10 @@ def test_bytes_on_the_wire_equal_the_ledgers_and_the_accounts(
     - the agent's ledger, both directions (``up``: updates, hellos, requests, status;
       ``down``: snapshots, steps, control), message for message and byte for byte;
     - the aggregator's downlink account of that agent (``AgentInfo.down``), which charges
-      every published message to every live agent. The one message it cannot see is the
-      retained model snapshot a broker hands an MQTT agent when it subscribes, before its
-      hello: that one is in the agent's ledger only, and is subtracted here;
+      every published message to every live agent. The messages it cannot see are the
+      retained ones a broker hands an MQTT agent when it subscribes, before its hello (the
+      model snapshot and the job's settings): those are in the agent's ledger only, and are
+      subtracted here;
     - the aggregator's uplink account (``AgentInfo.spend``) counts *accepted* updates only,
       not hellos, requests, status or updates refused: it is compared with the sizes of the
       updates the agent sent for the versions that were accepted (every round waits for
@@ -222,7 +223,10 @@ def test_bytes_on_the_wire_equal_the_ledgers_and_the_accounts(
     service = AggregatorService(settings)
     service.start()
     cleanup.callback(service.stop)
-    retained = int(service.read(lambda e: len(e.snapshot_message().payload)))
+    # what a broker hands a subscribing MQTT agent: the model snapshot and the job's settings
+    kept = service.read(lambda e: [e.snapshot_message(), *e.state_controls()])
+    retained = sum(len(o.payload) for o in kept if o.retain)
+    n_retained = sum(1 for o in kept if o.retain)
     agents = _agents(problem, job, url, resend_s=None)
     for a in agents:
         cleanup.callback(a.agent.stop)
@@ -246,7 +250,7 @@ def test_bytes_on_the_wire_equal_the_ledgers_and_the_accounts(
         ), me
         # the aggregator's downlink account of this agent
         info = infos[me]
-        extra = (1, retained) if transport == "mqtt" else (0, 0)
+        extra = (n_retained, retained) if transport == "mqtt" else (0, 0)
         charged = (info.down.messages, info.down.bytes)
         received = (ledger.down.messages - extra[0], ledger.down.bytes - extra[1])
         if transport == "zmq" and charged != received:

@@ -61,8 +61,9 @@ def test_lorawan_agent_with_default_flags_stays_within_its_duty_cycle(tmp_path: 
         config, url=url, shard=problem.shards[0], features=problem.features, profile=profile
     )
     settings = service_settings(
-        problem, job=job, url=url, data_dir=tmp_path / "agg", round_deadline_s=1.0
-    )
+        problem, job=job, url=url, data_dir=tmp_path / "agg", round_deadline_s=1.0,
+        feedback="none",  # AgentConfig's default (the CLI's, like AGG_FEEDBACK's, is ef21)
+    )  # fmt: skip
     services: list[AggregatorService] = []
     agent.start()
     try:

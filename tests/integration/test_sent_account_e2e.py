@@ -64,7 +64,7 @@ def _kind(topic: str, payload: bytes) -> str:
         return "agent_snapshot" if _is_snapshot(payload) else "catchup"
     if parsed.kind == "model":
         return "snapshot"
-    if parsed.kind == "control":
+    if parsed.kind in ("control", "job"):  # JSON on a job-wide topic (the job's settings too)
         return "control"
     return "steps" if not _is_delta(payload) else "delta"
 
