@@ -407,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--feedback",
         default=None,
         choices=["none", "ef", "ef21"],
-        help="error feedback; the job's first agent sets its family, ef21 or plain "
+        help="error feedback; the aggregator's AGG_FEEDBACK (default ef21) sets the job's family, ef21 or plain "
         "(none, ef): others must match (default: ef21, which converges with many agents; "
         "none with --curvature directional)",
     )
