@@ -277,7 +277,7 @@ class Pricer:
         """What receiving one message of ``size`` bytes costs an agent with this profile
         (its downlink part; bytes only when the profile is unknown here)."""
         profile = self.profile(profile_name)
-        key = ("\0down:" + (profile.name if profile else ""), size)
+        key = ("" if profile is None else profile.name, size)
         hit = self._down_cache.get(key)
         if hit is None:
             if len(self._down_cache) > _CACHE_MAX:

@@ -173,6 +173,10 @@ class Broadcast:
             "dense", d=self.d, t=self.d, job=self.job, agent="r", round=0, seq=0
         )
 
+        # each agent's cost of a dense broadcast, once per version (not once per price call)
+        refs = [(p, float(p(np.array([dense], dtype=np.int64))[0])) for p in prices]
+        refs = [(p, ref) for p, ref in refs if ref > 0]
+
         def price(t: IntArray) -> FloatArray:
             sizes = np.asarray(
                 wire.encoded_size(
@@ -181,10 +185,8 @@ class Broadcast:
                 dtype=np.int64,
             )
             total = np.zeros(sizes.shape)
-            for p in prices:
-                ref = float(p(np.array([dense], dtype=np.int64))[0])
-                if ref > 0:
-                    total += p(sizes) / ref
+            for p, ref in refs:
+                total += p(sizes) / ref
             return total if total.any() else sizes.astype(np.float64)
 
         return price

@@ -30,6 +30,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Self
@@ -165,15 +166,17 @@ class _Workdir:
             shutil.rmtree(self.path, ignore_errors=True)
 
 
-class _Server:
+class _Server(ABC):
     """Context-manager plumbing: :meth:`start` on enter (cleaning up if it fails), :meth:`close`
     on exit, whatever happened inside."""
 
+    @abstractmethod
     def start(self, timeout_s: float = 30.0) -> None:
-        raise NotImplementedError
+        """Start the server and wait until it serves (bounded by ``timeout_s``)."""
 
+    @abstractmethod
     def close(self) -> None:
-        raise NotImplementedError
+        """Stop it and remove what it wrote; idempotent."""
 
     def __enter__(self) -> Self:
         try:

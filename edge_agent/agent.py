@@ -418,8 +418,8 @@ class Agent:
         self.answers.heard(self.clock())
         try:
             if jobinfo.handled(self, msg):  # the job's settings: edge_agent/jobinfo.py
-                pass
-            elif msg.topic == self._topic_delta or msg.topic == self._topic_model:
+                return
+            if msg.topic == self._topic_delta or msg.topic == self._topic_model:
                 self._handle_model(msg.payload)
             elif msg.topic == self._topic_control:
                 self._handle_control(messages.parse(messages.Control, msg.payload))

@@ -10,7 +10,7 @@ accounts, the history, the HTTP schemas, ``/metrics``, the simulator) uses these
 - :class:`Traffic`: ``up`` (what a device sent) and ``down`` (what it received), and their
   ``total``.
 
-Both are immutable and add with ``+``; ``to_dict``/``from_dict`` give the JSON form used in
+Both are immutable; costs add with ``+``; ``to_dict``/``from_dict`` give the JSON form used in
 checkpoints, history rows and the HTTP API (``from_dict`` accepts older records that lack a
 field or a direction: missing means 0).
 """
@@ -77,19 +77,6 @@ class Cost:
             self.energy_j - other.energy_j,
         )
 
-    def times(self, n: int) -> Cost:
-        """The cost of ``n`` copies (``n >= 0``), e.g. one broadcast received by ``n`` agents."""
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
-        return Cost(
-            self.messages * n,
-            self.bytes * n,
-            self.bits * n,
-            self.packets * n,
-            self.airtime_s * n,
-            self.energy_j * n,
-        )
-
     def metric(self, name: str) -> float:
         """One field by name (``bits``, ``packets``, ``airtime_s``, ``energy_j``, ``bytes``,
         ``messages``) as a float; raises ValueError for another name."""
@@ -144,17 +131,6 @@ class Traffic:
     @property
     def total(self) -> Cost:
         return self.up + self.down
-
-    def __add__(self, other: Traffic) -> Traffic:
-        if not isinstance(other, Traffic):
-            return NotImplemented
-        return Traffic(self.up + other.up, self.down + other.down)
-
-    def add(self, direction: Direction, cost: Cost) -> Traffic:
-        """This traffic with ``cost`` added to one direction."""
-        if direction == "up":
-            return Traffic(self.up + cost, self.down)
-        return Traffic(self.up, self.down + cost)
 
     def to_dict(self) -> dict[str, dict[str, float | int]]:
         return {"up": self.up.to_dict(), "down": self.down.to_dict(), "total": self.total.to_dict()}

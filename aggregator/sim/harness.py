@@ -26,28 +26,15 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from types import TracebackType
-from typing import Protocol
 
 from aggregator.rounds import Effects, RoundEngine
+from aggregator.traffic import Published
 from edge_agent import topics
 from edge_agent.agent import Agent, AgentConfig, RoundLog
 from edge_agent.data import Dataset
 from edge_agent.models import Model
 from edge_agent.profiles import CostProfile
 from edge_agent.transports import Message, drop_broker, open_transport
-
-
-class Publishable(Protocol):
-    """What the harness needs of an engine message (:class:`aggregator.rounds` ``Outbound``)."""
-
-    @property
-    def topic(self) -> str: ...
-
-    @property
-    def payload(self) -> bytes: ...
-
-    @property
-    def retain(self) -> bool: ...
 
 
 class SimClock:
@@ -143,7 +130,7 @@ class FleetHarness:
         while (msg := self.hub.recv(timeout_s=0)) is not None:
             yield msg
 
-    def publish(self, *outbound: Publishable) -> None:
+    def publish(self, *outbound: Published) -> None:
         """Publish engine output to the agents, in order."""
         if outbound:  # what every live agent receives, in the engine's accounts
             self.engine.charge_downlink(outbound, self.clock.now)

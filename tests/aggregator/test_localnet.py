@@ -99,13 +99,13 @@ def test_render_config_moves_every_listener_to_loopback_and_sets_paths() -> None
     out = render_config(
         shipped,
         ports={8883: 40001, 1883: 40002},
-        paths={"password_file": Path("/tmp/p"), "cafile": Path("/tmp/ca")},
+        paths={"password_file": Path("run/p"), "cafile": Path("run/ca")},
     ).splitlines()
     assert out[:5] == [
         "# a comment: listener 9999",
-        "password_file /tmp/p",
+        "password_file run/p",
         f"listener 40001 {HOST}",
-        "cafile /tmp/ca",
+        "cafile run/ca",
         f"listener 40002 {HOST}",
     ]
     assert out[5].startswith("user ") and len(out) == 6
