@@ -1,7 +1,7 @@
 """The ``aggregator`` console script.
 
 ``aggregator serve [--field value ...]``
-    Run the service under uvicorn. Every setting (see :class:`aggregator.settings.Settings`)
+    Run the service under uvicorn. Every setting (see :class:`aggregator.service.settings.Settings`)
     has a flag ``--<field-with-dashes>``; flags win over ``AGG_*`` variables and the config
     file. The API token is never a flag (it would show in ``ps``): use ``AGG_API_TOKEN``
     or ``--api-token-file``.
@@ -26,7 +26,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Literal, get_args, get_origin
 
-from edge_agent.cli import DefaultsFormatter, package_version
+from edge_agent.cli.commands import DefaultsFormatter, package_version
 from edge_agent.errors import CatEdgeError
 
 _NOT_FLAGS = frozenset({"api_token", "config_file"})
@@ -66,7 +66,7 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         )
         p.set_defaults(missing=missing)
         return
-    from aggregator.settings import Settings, env_name
+    from aggregator.service.settings import Settings, env_name
 
     p = sub.add_parser(
         "serve",
@@ -120,7 +120,7 @@ def _not_installed(missing: str) -> int:
 def serve(args: argparse.Namespace) -> int:
     if args.missing is not None:
         return _not_installed(args.missing)
-    from aggregator.settings import Settings, SettingsError, load_settings
+    from aggregator.service.settings import Settings, SettingsError, load_settings
 
     overrides = {
         name: getattr(args, name)
@@ -134,8 +134,8 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     import uvicorn
 
-    from aggregator.app import create_app
-    from aggregator.logs import configure_service, log_options
+    from aggregator.service.logs import configure_service, log_options
+    from aggregator.web.app import create_app
 
     try:  # the format from AGG_LOG_FORMAT, the level from --log-level
         fmt, _ = log_options(os.environ)

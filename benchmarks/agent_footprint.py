@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from aggregator.localnet import free_port_pair
-from edge_agent import topics, wire
 from edge_agent.data import make_rcv1_like, write_libsvm
+from edge_agent.protocol import topics, wire
 from edge_agent.transports import open_transport
 
 JOB = "bench"

@@ -34,10 +34,10 @@ from typing import Any
 import numpy as np
 from _common import emit, environment, median_seconds, parser
 
-from edge_agent.compressors import Update
-from edge_agent.indexcode import best_code, index_bits, index_bytes
-from edge_agent.wire import decode, encode, encoded_size
-from edge_agent.wire_many import decode_many
+from edge_agent.numerics.compressors import Update
+from edge_agent.protocol.indexcode import best_code, index_bits, index_bytes
+from edge_agent.protocol.wire import decode, encode, encoded_size
+from edge_agent.protocol.wire_many import decode_many
 
 BENCH = "codec"
 HEADER: dict[str, Any] = {"job": "bench", "agent": "pi-01", "round": 1000, "seq": 0}

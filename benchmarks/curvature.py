@@ -27,13 +27,13 @@ from pathlib import Path
 import numpy as np
 from _common import emit, environment, median_seconds, parser
 
-from edge_agent.compressors import compress
-from edge_agent.curvature import scale_for_step, select_directional
 from edge_agent.data import Dataset, make_rcv1_like
-from edge_agent.models import Model, make_model
-from edge_agent.profiles import load_profile
-from edge_agent.selection import make_price, select
-from edge_agent.sparse import CSRMatrix, FloatArray
+from edge_agent.data.sparse import CSRMatrix, FloatArray
+from edge_agent.links.profiles import load_profile
+from edge_agent.numerics.compressors import compress
+from edge_agent.numerics.curvature import scale_for_step, select_directional
+from edge_agent.numerics.models import Model, make_model
+from edge_agent.numerics.selection import make_price, select
 
 BENCH = "curvature"
 ROOT = Path(__file__).resolve().parents[1]

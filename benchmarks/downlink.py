@@ -4,7 +4,7 @@ select + compress + encode time for its update, both measured in the same run.
     python benchmarks/downlink.py [--quick] [--agents 10,100] [--modes exact,cat]
                                   [--methods cat-signtopk+ef21,cat-topk]
 
-A real :class:`aggregator.rounds.RoundEngine` and N real agents
+A real :class:`aggregator.engine.rounds.RoundEngine` and N real agents
 (:class:`aggregator.sim.harness.FleetHarness`, set up exactly as ``aggregator simulate``
 sets up a fleet) train logistic regression (l2 1e-3) on an RCV1-like set (d = 47,236;
 ``--rows-per-agent`` rows per shard, at most ``--max-rows`` in all). Profiles are the mixed
@@ -12,12 +12,12 @@ fleet of docs/results.md, cycled. After ``--warmup`` rounds, for ``--rounds`` ro
 (the *probe*) is measured:
 
 * ``uplink_ms``: its select (make_price + the policy's choice of T), compress and encode of
-  the update it is about to send, the same calls as :meth:`edge_agent.agent.Agent.step` on
+  the update it is about to send, the same calls as :meth:`edge_agent.agent.loop.Agent.step` on
   the same vector, repeated ``--repeats`` times (median); ``agent_own_ms``: the same stages
   from the agent's own ``timings_s`` for the one real call (a cross-check), and its
   gradient time for context.
-* ``downlink_ms``: :func:`edge_agent.downlink.decode_downlink` of the round's broadcast and
-  :meth:`edge_agent.replica.Replica.apply` of it to a *copy* of the probe's replica (copied
+* ``downlink_ms``: :func:`edge_agent.protocol.downlink.decode_downlink` of the round's broadcast and
+  :meth:`edge_agent.agent.replica.Replica.apply` of it to a *copy* of the probe's replica (copied
   outside the timing), ``--repeats`` times (median); the copy must equal the probe's model
   after the probe handles the same message, bit for bit.
 
@@ -48,16 +48,16 @@ from aggregator.sim.experiment import open_fleet
 from aggregator.sim.harness import FleetHarness
 from aggregator.sim.methods import Method, parse_method
 from aggregator.sim.problem import Problem, build_fleet
-from edge_agent import topics
-from edge_agent.agent import Agent
-from edge_agent.compressors import compress
+from edge_agent.agent.loop import Agent
+from edge_agent.agent.replica import Replica
 from edge_agent.data import make_rcv1_like
-from edge_agent.downlink import Add, Move, Steps, decode_downlink
-from edge_agent.indexcode import decode_indices, encode_indices
-from edge_agent.models import make_model
-from edge_agent.replica import Replica
-from edge_agent.selection import make_price
-from edge_agent.wire import Delta, encode
+from edge_agent.numerics.compressors import compress
+from edge_agent.numerics.models import make_model
+from edge_agent.numerics.selection import make_price
+from edge_agent.protocol import topics
+from edge_agent.protocol.downlink import Add, Move, Steps, decode_downlink
+from edge_agent.protocol.indexcode import decode_indices, encode_indices
+from edge_agent.protocol.wire import Delta, encode
 
 BENCH: Final = "downlink"
 PROFILES: Final = (
@@ -142,7 +142,7 @@ def time_downlink(probe: Agent, payload: bytes, repeats: int, s: Samples) -> Rep
 
 def index_decode_time(msg: Steps | Delta, repeats: int, s: Samples) -> None:
     """Where decode's time goes: the same index blocks decoded alone
-    (:func:`edge_agent.indexcode.decode_indices`, one call per relayed update or delta)."""
+    (:func:`edge_agent.protocol.indexcode.decode_indices`, one call per relayed update or delta)."""
     parts: list[tuple[IntArray | None, int]]
     if isinstance(msg, Delta):
         parts = [(msg.indices, msg.d)]

@@ -2,8 +2,8 @@
 
     python benchmarks/fuzz_ingest.py [--inputs 100000] [--seed 0] [--quick]
 
-The real :class:`~aggregator.service.AggregatorService` runs (memory transport for what
-it publishes, its ingest thread, the batch decoder :func:`edge_agent.wire_many.decode_many`,
+The real :class:`~aggregator.service.ingest.AggregatorService` runs (memory transport for what
+it publishes, its ingest thread, the batch decoder :func:`edge_agent.protocol.wire_many.decode_many`,
 the SQLite journal and a checkpoint per version in a temporary directory). Inputs are put
 on its inbound queue exactly as a transport delivers them (a ZeroMQ peer can send any topic
 frame, so wrong topics reach the engine too). Three honest agents (``h0`` to ``h2``, top-k
@@ -33,7 +33,7 @@ hellos it cannot tell apart out of the comparison.
 After every batch (a barrier: a no-op control command through the same queue) it checks:
 the ingest thread is alive; every input reached the engine and was either applied or
 refused with a reason, and the engine's refusal counters grew by exactly those reasons;
-the model is finite and bit-identical to a reference :class:`~aggregator.rounds.RoundEngine`
+the model is finite and bit-identical to a reference :class:`~aggregator.engine.rounds.RoundEngine`
 fed only the honest messages at the same times. Prints one JSON object.
 """
 
@@ -52,11 +52,11 @@ from typing import Any
 
 import numpy as np
 
-from aggregator.rounds import Effects, RoundEngine
-from aggregator.service import AggregatorService
-from aggregator.settings import load_settings
-from edge_agent import messages, topics, wire
-from edge_agent.compressors import Update
+from aggregator.engine.rounds import Effects, RoundEngine
+from aggregator.service.ingest import AggregatorService
+from aggregator.service.settings import load_settings
+from edge_agent.numerics.compressors import Update
+from edge_agent.protocol import messages, topics, wire
 from edge_agent.transports import Message
 
 JOB = "fuzz"

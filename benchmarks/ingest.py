@@ -5,10 +5,10 @@ the same payloads through the same transport to a plain subscriber, measured in 
                                 [--checkpoint-every K] [--profile]
 
 The payloads are what agents send: top-k updates (d = 47,236, T = 100, float32 values)
-encoded with :mod:`edge_agent.wire`, from 10 simulated agent ids, published by a separate
+encoded with :mod:`edge_agent.protocol.wire`, from 10 simulated agent ids, published by a separate
 process through the product's agent transport (QoS 1 on MQTT, PUSH on ZeroMQ), hellos first.
 
-* ``aggregator``: the real :class:`~aggregator.service.AggregatorService` (its transports,
+* ``aggregator``: the real :class:`~aggregator.service.ingest.AggregatorService` (its transports,
   its SQLite journal and checkpoints in a temporary directory, default settings otherwise)
   in async mode with K = 10 and ``max_staleness`` = ``dedupe_window`` = N, so every update is
   accepted and applied and a model version (delta broadcast, journal, checkpoint every
@@ -74,9 +74,9 @@ def make_payloads(n: int, seed: int = 0) -> list[tuple[str, bytes]]:
     All are tagged round 0 with a per-agent ``seq``: with ``max_staleness`` >= n versions
     every one of them is accepted (no duplicate, never stale, never from the future).
     """
-    from edge_agent import topics
-    from edge_agent.compressors import compress
-    from edge_agent.wire import encode
+    from edge_agent.numerics.compressors import compress
+    from edge_agent.protocol import topics
+    from edge_agent.protocol.wire import encode
 
     rng = np.random.default_rng(seed)
     pool = [compress(rng.standard_normal(D) * rng.pareto(1.5, D), "topk", T) for _ in range(64)]
@@ -89,7 +89,7 @@ def make_payloads(n: int, seed: int = 0) -> list[tuple[str, bytes]]:
 
 
 def hellos() -> list[tuple[str, bytes]]:
-    from edge_agent import messages, topics
+    from edge_agent.protocol import messages, topics
 
     out = []
     for i in range(AGENTS):
@@ -194,7 +194,7 @@ def raw_mqtt(url: str, n: int) -> float:
     import paho.mqtt.client as paho
     from paho.mqtt.enums import CallbackAPIVersion
 
-    from edge_agent import topics
+    from edge_agent.protocol import topics
 
     port = int(url.rsplit(":", 1)[1])
     received = 0
@@ -288,8 +288,8 @@ def aggregator_run(
 ) -> tuple[float, dict[str, Any]]:
     """Updates/s accepted by the real service; plus what it did (and, with ``profile``, where
     the ingest thread's time went)."""
-    from aggregator.service import AggregatorService
-    from aggregator.settings import load_settings
+    from aggregator.service.ingest import AggregatorService
+    from aggregator.service.settings import load_settings
 
     data_dir = Path(tempfile.mkdtemp(prefix="cat-edge-ingest-"))
     settings = load_settings(
@@ -312,7 +312,7 @@ def aggregator_run(
     prof = cProfile.Profile() if profile else None
     restore: list[tuple[Any, str, Any]] = []
     if profile:
-        from edge_agent import wire  # the module the engine calls through
+        from edge_agent.protocol import wire  # the module the engine calls through
 
         for owner, attr, name in (
             (wire, "decode", "decode"),

@@ -3,15 +3,15 @@
     python benchmarks/load.py [--quick] [--agents N] [--baseline-agents M] [--rounds R]
                               [--procs P] [--late-fraction F]
 
-Each agent is a light paho client (not an :class:`edge_agent.agent.Agent` with a model
+Each agent is a light paho client (not an :class:`edge_agent.agent.loop.Agent` with a model
 and data): it says hello (top-k, d = 2,000), subscribes to the job's model, delta and
 control topics and its own ``to/<agent>`` topic, and for every model version it receives
-(snapshot, steps or delta, read with :func:`edge_agent.downlink.decode_downlink`) below
+(snapshot, steps or delta, read with :func:`edge_agent.protocol.downlink.decode_downlink`) below
 ``--rounds`` publishes one small valid update (QoS 1) encoded with
-:func:`edge_agent.wire.encode` from a fixed sparse vector (T = 20 entries). The clients
+:func:`edge_agent.protocol.wire.encode` from a fixed sparse vector (T = 20 entries). The clients
 run ``--procs`` to a process, one paho network thread each.
 
-The aggregator is the real :class:`~aggregator.service.AggregatorService` in this process
+The aggregator is the real :class:`~aggregator.service.ingest.AggregatorService` in this process
 (its MQTT transport, SQLite journal, checkpoints in a temporary directory), sync mode,
 ``min_agents`` = the fleet, a round closing when every live agent reported or, after
 ``AGG_ROUND_DEADLINE_S`` (``--deadline``), with the quorum. Mosquitto is a private one
@@ -76,8 +76,8 @@ class _Client:
         import paho.mqtt.client as paho
         from paho.mqtt.enums import CallbackAPIVersion
 
-        from edge_agent import messages, topics
-        from edge_agent.compressors import compress
+        from edge_agent.numerics.compressors import compress
+        from edge_agent.protocol import messages, topics
 
         self.agent, self.rounds, self.late_s = agent, rounds, late_s
         self.sent = 0
@@ -110,8 +110,8 @@ class _Client:
         self.client.subscribe([(s, 1) for s in subs])
 
     def _on_message(self, client: Any, userdata: Any, msg: Any) -> None:
-        from edge_agent.downlink import decode_downlink
         from edge_agent.errors import WireFormatError
+        from edge_agent.protocol.downlink import decode_downlink
 
         if msg.topic.endswith("/control"):
             return
@@ -132,7 +132,7 @@ class _Client:
             timer.start()
 
     def _send(self, version: int) -> None:
-        from edge_agent.wire import encode
+        from edge_agent.protocol.wire import encode
 
         with self._lock:
             seq = self.sent
@@ -185,8 +185,8 @@ def scenario(
     port: int, n: int, *, rounds: int, procs: int, late: int, deadline_s: float
 ) -> dict[str, Any]:
     """One fleet of ``n`` agents (``late`` of them late) against a fresh service."""
-    from aggregator.service import AggregatorService
-    from aggregator.settings import load_settings
+    from aggregator.service.ingest import AggregatorService
+    from aggregator.service.settings import load_settings
 
     data_dir = Path(tempfile.mkdtemp(prefix="cat-edge-load-"))
     settings = load_settings(
@@ -307,9 +307,9 @@ def status_flood(port: int, n: int) -> list[dict[str, Any]]:
     import paho.mqtt.client as paho
     from paho.mqtt.enums import CallbackAPIVersion
 
-    from aggregator.service import AggregatorService
-    from aggregator.settings import load_settings
-    from edge_agent import messages, topics
+    from aggregator.service.ingest import AggregatorService
+    from aggregator.service.settings import load_settings
+    from edge_agent.protocol import messages, topics
 
     data_dir = Path(tempfile.mkdtemp(prefix="cat-edge-flood-"))
     settings = load_settings(

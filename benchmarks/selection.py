@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 from _common import emit, environment, median_seconds, parser
 
-from edge_agent.selection import (
+from edge_agent.numerics.selection import (
     HybridPolicy,
     Policy,
     SupportsObjectiveCost,
@@ -43,7 +43,7 @@ from edge_agent.selection import (
     select,
     select_exhaustive,
 )
-from edge_agent.wire import encoded_size
+from edge_agent.protocol.wire import encoded_size
 
 BENCH = "selection"
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,7 +116,7 @@ def big_fixed(g: FloatArray, compressor: str, t_target: int) -> Affine:
 
 def shipped_profiles() -> list[tuple[str, SupportsObjectiveCost]]:
     try:
-        from edge_agent.profiles import load_profile
+        from edge_agent.links.profiles import load_profile
     except ImportError:
         return []
     out: list[tuple[str, SupportsObjectiveCost]] = []

@@ -45,9 +45,9 @@ from aggregator.localnet import (
     StartupError,
     free_port_pair,
 )
-from aggregator.optimum import solve_optimum
+from aggregator.sim.optimum import solve_optimum
 from edge_agent.data import make_rcv1_like, split_shards, write_libsvm
-from edge_agent.models import make_model
+from edge_agent.numerics.models import make_model
 
 ROOT = Path(__file__).resolve().parents[1]
 FLEET = [

@@ -12,7 +12,6 @@ Public API::
     header, u2 = ea.decode(blob)
 """
 
-from edge_agent.compressors import COMPRESSORS, Update, compress
 from edge_agent.errors import (
     CatEdgeError,
     DataError,
@@ -21,10 +20,11 @@ from edge_agent.errors import (
     UnknownNameError,
     WireFormatError,
 )
-from edge_agent.feedback import EF21State, ResidualMemory
-from edge_agent.profiles import CostProfile, list_profiles, load_profile, resolve_profile
-from edge_agent.selection import parse_policy, select_t
-from edge_agent.wire import (
+from edge_agent.links.profiles import CostProfile, list_profiles, load_profile, resolve_profile
+from edge_agent.numerics.compressors import COMPRESSORS, Update, compress
+from edge_agent.numerics.feedback import EF21State, ResidualMemory
+from edge_agent.numerics.selection import parse_policy, select_t
+from edge_agent.protocol.wire import (
     Delta,
     Snapshot,
     UpdateHeader,

@@ -25,8 +25,8 @@ Exception policy (which exception for what):
     raise it through :func:`lookup`, which lists the valid names.
   - :class:`TransportError` -- a transport URL that does not parse, or a broker/socket
     that cannot connect, publish or subscribe (including unreadable key files).
-  - In the aggregator: ``aggregator.settings.SettingsError`` (environment settings) and
-    ``aggregator.store.CheckpointError`` (a checkpoint or journal that cannot be restored).
+  - In the aggregator: ``aggregator.service.settings.SettingsError`` (environment settings) and
+    ``aggregator.service.store.CheckpointError`` (a checkpoint or journal that cannot be restored).
 
   The family members that are also ``ValueError``/``KeyError`` subclass those built-ins so
   that generic ``except ValueError`` handlers keep working; new code catches

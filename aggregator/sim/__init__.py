@@ -1,8 +1,8 @@
 """The simulator: N real agents and the real round engine in one process (``aggregator simulate``).
 
-Nothing is written twice. Every agent is an :class:`edge_agent.agent.Agent` (its own data
+Nothing is written twice. Every agent is an :class:`edge_agent.agent.loop.Agent` (its own data
 shard, cost profile, policy for T, compressor, error feedback and cost ledger) and the
-aggregator is a :class:`aggregator.rounds.RoundEngine`; they talk through a fresh in-process
+aggregator is a :class:`aggregator.engine.rounds.RoundEngine`; they talk through a fresh in-process
 broker (``memory://``) exactly as they would over MQTT, pumped synchronously and
 deterministically by one harness.
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from aggregator.robust_round import parse_aggregation
+from aggregator.engine.robust_round import parse_aggregation
 from aggregator.sim.blas import single_threaded_blas
 from aggregator.sim.experiment import DEFAULT_TARGETS, METRICS, RunResult, run_method
 from aggregator.sim.methods import Method, parse_method
@@ -26,7 +26,7 @@ from aggregator.sim.report import (
 )
 from edge_agent.data import SHARDINGS
 from edge_agent.errors import CatEdgeError
-from edge_agent.models import MODELS
+from edge_agent.numerics.models import MODELS
 
 # --------------------------------------------------------------------------- the paper preset
 # The comparison protocol of docs/algorithm.md: an RCV1-sized logistic regression, one agent

@@ -42,16 +42,16 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from aggregator.robust_round import parse_aggregation
-from aggregator.rounds import EngineConfig, RoundEngine
+from aggregator.engine.robust_round import parse_aggregation
+from aggregator.engine.rounds import EngineConfig, RoundEngine
 from aggregator.sim.harness import FleetHarness
 from aggregator.sim.hostile import make_hostile
 from aggregator.sim.methods import Method
 from aggregator.sim.problem import Fleet, Problem, agent_seed
-from edge_agent.agent import Agent, AgentConfig, RoundLog
-from edge_agent.cost import COST_FIELDS, ZERO, Cost
-from edge_agent.indexcode import index_bytes
-from edge_agent.wire import encoded_size
+from edge_agent.agent.loop import Agent, AgentConfig, RoundLog
+from edge_agent.links.cost import COST_FIELDS, ZERO, Cost
+from edge_agent.protocol.indexcode import index_bytes
+from edge_agent.protocol.wire import encoded_size
 
 FloatArray = npt.NDArray[np.float64]
 

@@ -27,13 +27,13 @@ import uuid
 from collections.abc import Iterator
 from types import TracebackType
 
-from aggregator.rounds import Effects, RoundEngine
-from aggregator.traffic import Published
-from edge_agent import topics
-from edge_agent.agent import Agent, AgentConfig, RoundLog
+from aggregator.engine.rounds import Effects, RoundEngine
+from aggregator.engine.traffic import Published
+from edge_agent.agent.loop import Agent, AgentConfig, RoundLog
 from edge_agent.data import Dataset
-from edge_agent.models import Model
-from edge_agent.profiles import CostProfile
+from edge_agent.links.profiles import CostProfile
+from edge_agent.numerics.models import Model
+from edge_agent.protocol import topics
 from edge_agent.transports import Message, drop_broker, open_transport
 
 

@@ -14,9 +14,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from aggregator.rounds import Effects
+from aggregator.engine.rounds import Effects
 from aggregator.sim.harness import FleetHarness
-from edge_agent import topics, wire
+from edge_agent.protocol import topics, wire
 from edge_agent.transports import Message
 
 

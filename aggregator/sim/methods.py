@@ -2,7 +2,7 @@
 
 A method is a compressor, a policy that picks T (how many entries each update carries), an
 error-feedback scheme and the curvature the step uses, all of them the agent's own
-(:class:`edge_agent.agent.AgentConfig`).
+(:class:`edge_agent.agent.loop.AgentConfig`).
 
 ``+dir`` (``dense+dir``, ``cat-topk+dir``, ``cat-signtopk+dir``) runs the agents with
 ``curvature="directional"``: T priced with the curvature along the direction sent and the
@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from edge_agent.agent import CurvatureName, FeedbackName
-from edge_agent.compressors import COMPRESSOR_IDS
+from edge_agent.agent.loop import CurvatureName, FeedbackName
 from edge_agent.errors import CatEdgeError
-from edge_agent.selection import parse_policy
+from edge_agent.numerics.compressors import COMPRESSOR_IDS
+from edge_agent.numerics.selection import parse_policy
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Transports: one small publish/subscribe contract over memory, MQTT and ZeroMQ.
 
-    from edge_agent import topics
+    from edge_agent.protocol import topics
     from edge_agent.transports import open_transport
 
     with open_transport("mqtt://broker:1883", role="agent", client_id="agent-7") as t:

@@ -3,7 +3,7 @@
 A transport is synchronous and thread-safe: any thread may publish, subscribe or recv;
 inbound messages wait in an unbounded FIFO until :meth:`Transport.recv` takes them (the
 consumer is expected to keep up; a slow consumer costs memory, never a lost message).
-Topics follow MQTT rules on every transport (see :mod:`edge_agent.topics`).
+Topics follow MQTT rules on every transport (see :mod:`edge_agent.protocol.topics`).
 """
 
 from __future__ import annotations

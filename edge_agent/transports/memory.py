@@ -17,8 +17,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 
-from edge_agent import topics
 from edge_agent.errors import TransportError
+from edge_agent.protocol import topics
 from edge_agent.transports.base import Message, Role, Transport
 from edge_agent.transports.url import OptionReader, parse_url
 

@@ -48,8 +48,8 @@ import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion, LogLevel, MQTTErrorCode
 from paho.mqtt.reasoncodes import ReasonCode
 
-from edge_agent import topics
 from edge_agent.errors import TransportError
+from edge_agent.protocol import topics
 from edge_agent.transports.base import Message, Role, Transport
 from edge_agent.transports.oversize import OversizeDetector, Suspect, explain, packet_size
 from edge_agent.transports.url import OptionReader, parse_url

@@ -73,8 +73,8 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from edge_agent import topics
 from edge_agent.errors import TransportError
+from edge_agent.protocol import topics
 from edge_agent.transports.base import Message, Role, Transport
 from edge_agent.transports.url import OptionReader, parse_url
 from edge_agent.transports.zmq_auth import (

@@ -29,8 +29,8 @@ import zmq
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 
-from edge_agent import topics
 from edge_agent.errors import TransportError
+from edge_agent.protocol import topics
 from edge_agent.transports.url import OptionReader
 
 log = logging.getLogger(__name__)

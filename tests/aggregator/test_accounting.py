@@ -8,7 +8,7 @@ import logging
 import numpy as np
 import pytest
 
-from aggregator.accounting import (
+from aggregator.engine.accounting import (
     AgentRound,
     Pricer,
     RoundCosts,
@@ -16,10 +16,10 @@ from aggregator.accounting import (
     Spend,
     uvarint_len,
 )
-from edge_agent import wire
-from edge_agent.compressors import compress
-from edge_agent.cost import Cost
-from edge_agent.profiles import CostProfile, resolve_profile
+from edge_agent.links.cost import Cost
+from edge_agent.links.profiles import CostProfile, resolve_profile
+from edge_agent.numerics.compressors import compress
+from edge_agent.protocol import wire
 
 PROFILE = "lorawan_eu868_dr5_sf7"
 D = 200
@@ -100,7 +100,7 @@ def test_an_unknown_profile_is_logged_once_and_priced_as_bytes(
         raise KeyError(name)
 
     pricer = Pricer(lookup)
-    with caplog.at_level(logging.WARNING, logger="aggregator.accounting"):
+    with caplog.at_level(logging.WARNING, logger="aggregator.engine.accounting"):
         a = pricer.price("nope", _header(), 40)
         b = pricer.price("nope", _header(seq=2), 41)
     assert sum("nope" in r.getMessage() for r in caplog.records) == 1

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from aggregator.accounting import dense_down_size
-from aggregator.app import create_app
-from aggregator.service import AggregatorService
-from aggregator.settings import Settings
-from edge_agent import messages, topics, wire
-from edge_agent.compressors import compress
-from edge_agent.downlink import decode_downlink
-from edge_agent.replica import Replica
+from aggregator.engine.accounting import dense_down_size
+from aggregator.service.ingest import AggregatorService
+from aggregator.service.settings import Settings
+from aggregator.web.app import create_app
+from edge_agent.agent.replica import Replica
+from edge_agent.numerics.compressors import compress
+from edge_agent.protocol import messages, topics, wire
+from edge_agent.protocol.downlink import decode_downlink
 from edge_agent.transports import Transport, open_transport
 
 JOB = "apijob"

@@ -1,7 +1,7 @@
 """The dashboard: its assets are served by the app, and a real browser draws real data.
 
 The browser tests start the app with uvicorn on a free port (in a thread), let three real
-:class:`~edge_agent.agent.Agent` loops train over the same ``memory://`` broker with
+:class:`~edge_agent.agent.loop.Agent` loops train over the same ``memory://`` broker with
 different link profiles, then run headless Chromium against the page: a screenshot
 (decoded here with zlib, no imaging library) must show the loss curve in its colour, and
 the DOM after the scripts ran must list the agents and hide the error banner.
@@ -32,13 +32,13 @@ import pytest
 import uvicorn
 from fastapi.testclient import TestClient
 
-from aggregator.app import STATIC_DIR, create_app
 from aggregator.localnet import HOST, free_port
-from aggregator.settings import Settings
-from edge_agent.agent import Agent, AgentConfig
+from aggregator.service.settings import Settings
+from aggregator.web.app import STATIC_DIR, create_app
+from edge_agent.agent.loop import Agent, AgentConfig
 from edge_agent.data import make_rcv1_like, split_shards, write_npz
-from edge_agent.models import make_model
-from edge_agent.profiles import resolve_profile
+from edge_agent.links.profiles import resolve_profile
+from edge_agent.numerics.models import make_model
 from edge_agent.transports import drop_broker, open_transport
 
 JOB = "dashjob"

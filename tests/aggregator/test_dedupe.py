@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aggregator.dedupe import SeenKeys
+from aggregator.engine.dedupe import SeenKeys
 
 
 def test_a_key_is_seen_once_added_and_per_agent() -> None:

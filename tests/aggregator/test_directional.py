@@ -16,19 +16,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggregator.rounds import EngineConfig, RoundEngine
+from aggregator.engine.rounds import EngineConfig, RoundEngine
 from aggregator.sim.experiment import run_method
 from aggregator.sim.harness import FleetHarness
 from aggregator.sim.methods import parse_method
 from aggregator.sim.problem import build_fleet, build_problem
-from edge_agent import messages, topics, wire
-from edge_agent.agent import AgentConfig
-from edge_agent.compressors import SEMANTICS, Update, compress
+from edge_agent.agent.loop import AgentConfig
 from edge_agent.data import Dataset
-from edge_agent.models import Model, make_model
-from edge_agent.profiles import resolve_profile
-from edge_agent.sparse import CSRMatrix
-from edge_agent.wire_many import decode_many
+from edge_agent.data.sparse import CSRMatrix
+from edge_agent.links.profiles import resolve_profile
+from edge_agent.numerics.compressors import SEMANTICS, Update, compress
+from edge_agent.numerics.models import Model, make_model
+from edge_agent.protocol import messages, topics, wire
+from edge_agent.protocol.wire_many import decode_many
 
 FloatArray = npt.NDArray[np.float64]
 JOB = "dirjob"

@@ -1,4 +1,4 @@
-"""Bounded fan-out (aggregator.traffic): an answer meant for one agent goes on that agent's
+"""Bounded fan-out (aggregator.engine.traffic): an answer meant for one agent goes on that agent's
 ``cat/<job>/to/<agent>`` only, costs that agent only, snapshot answers are rate-limited per
 agent, everything published is counted by kind, and every message a known agent sends is
 priced into its ``sent`` account."""
@@ -9,14 +9,14 @@ from typing import Any
 
 import numpy as np
 
-from aggregator.metrics import AggregatorMetrics
-from aggregator.outbound import PUBLISHED_KINDS, Outbound
-from aggregator.rounds import EngineConfig, RoundEngine
-from aggregator.traffic import SNAPSHOT_ANSWER_INTERVAL_S
-from edge_agent import messages, topics, wire
-from edge_agent.compressors import Update
-from edge_agent.cost import ZERO
-from edge_agent.profiles import resolve_profile
+from aggregator.engine.outbound import PUBLISHED_KINDS, Outbound
+from aggregator.engine.rounds import EngineConfig, RoundEngine
+from aggregator.engine.traffic import SNAPSHOT_ANSWER_INTERVAL_S
+from aggregator.web.metrics import AggregatorMetrics
+from edge_agent.links.cost import ZERO
+from edge_agent.links.profiles import resolve_profile
+from edge_agent.numerics.compressors import Update
+from edge_agent.protocol import messages, topics, wire
 
 JOB = "fan"
 D = 64

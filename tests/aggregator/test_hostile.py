@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from aggregator.admission import Limits
-from aggregator.app import create_app
-from aggregator.rounds import EngineConfig, RoundEngine
-from aggregator.settings import SettingsError, load_settings
-from edge_agent import messages, topics, wire
-from edge_agent.compressors import Update
+from aggregator.engine.admission import Limits
+from aggregator.engine.rounds import EngineConfig, RoundEngine
+from aggregator.service.settings import SettingsError, load_settings
+from aggregator.web.app import create_app
+from edge_agent.numerics.compressors import Update
+from edge_agent.protocol import messages, topics, wire
 
 pytestmark = [pytest.mark.security, pytest.mark.reliability]
 

@@ -20,12 +20,13 @@ import pytest
 import uvicorn
 from fastapi.testclient import TestClient
 
-from aggregator.app import create_app
-from aggregator.refusals import MAX_REFUSED_AGENTS, RefusedAgents
-from aggregator.rounds import EngineConfig, RoundEngine
-from aggregator.settings import SettingsError, load_settings
-from edge_agent import jobinfo, messages, topics, wire
-from edge_agent.compressors import compress
+from aggregator.engine.refusals import MAX_REFUSED_AGENTS, RefusedAgents
+from aggregator.engine.rounds import EngineConfig, RoundEngine
+from aggregator.service.settings import SettingsError, load_settings
+from aggregator.web.app import create_app
+from edge_agent.agent import jobinfo
+from edge_agent.numerics.compressors import compress
+from edge_agent.protocol import messages, topics, wire
 from edge_agent.transports import open_transport
 
 JOB = "job1"

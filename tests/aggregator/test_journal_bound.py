@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from aggregator.presence import REFRESH_FRACTION
-from aggregator.rounds import Effects, RoundEngine
-from aggregator.service import AggregatorService, _Command
-from aggregator.settings import Settings, load_settings
-from aggregator.store import CHECKPOINT, CHECKPOINT_PREV, Store, recover
-from edge_agent import messages, topics
+from aggregator.engine.presence import REFRESH_FRACTION
+from aggregator.engine.rounds import Effects, RoundEngine
+from aggregator.service.ingest import AggregatorService, _Command
+from aggregator.service.settings import Settings, load_settings
+from aggregator.service.store import CHECKPOINT, CHECKPOINT_PREV, Store, recover
+from edge_agent.protocol import messages, topics
 from edge_agent.transports import Message
 
 JOB = "bound"

@@ -16,14 +16,14 @@ import pytest
 import uvicorn
 from fastapi.testclient import TestClient
 
-from aggregator.agent_metrics import OTHER, AgentSample, fold, max_agents_from
-from aggregator.app import create_app
+from aggregator.engine.rounds import EngineConfig, RoundEngine
 from aggregator.localnet import HOST, free_port
-from aggregator.rounds import EngineConfig, RoundEngine
-from aggregator.schemas import WaitingOut, waiting_for
-from aggregator.settings import Settings, SettingsError, load_settings
-from edge_agent import messages, topics, wire
-from edge_agent.compressors import Update, compress
+from aggregator.service.settings import Settings, SettingsError, load_settings
+from aggregator.web.agent_metrics import OTHER, AgentSample, fold, max_agents_from
+from aggregator.web.app import create_app
+from aggregator.web.schemas import WaitingOut, waiting_for
+from edge_agent.numerics.compressors import Update, compress
+from edge_agent.protocol import messages, topics, wire
 from edge_agent.transports import Transport, open_transport
 
 JOB = "lagjob"

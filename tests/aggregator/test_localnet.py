@@ -135,7 +135,7 @@ def test_service_env_drops_the_developers_agg_settings(monkeypatch: pytest.Monke
 
 def test_the_service_never_imports_the_helper() -> None:
     code = (
-        "import sys, aggregator.app, aggregator.cli, aggregator.service\n"
+        "import sys, aggregator.web.app, aggregator.cli, aggregator.service.ingest\n"
         "print('aggregator.localnet' in sys.modules)\n"
     )
     out = subprocess.run(

@@ -16,19 +16,20 @@ from typing import Any
 import numpy as np
 import pytest
 
-from aggregator.admission import MacPolicy
-from aggregator.rounds import EngineConfig, RoundEngine
-from aggregator.settings import SettingsError, load_settings
+from aggregator.engine.admission import MacPolicy
+from aggregator.engine.rounds import EngineConfig, RoundEngine
+from aggregator.service.settings import SettingsError, load_settings
 from aggregator.sim.harness import FleetHarness
-from edge_agent import cli, mac, messages, topics, wire
-from edge_agent.agent import AgentConfig
-from edge_agent.compressors import Update
+from edge_agent.agent.loop import AgentConfig
+from edge_agent.cli import commands as cli
 from edge_agent.data import make_rcv1_like, write_libsvm
 from edge_agent.errors import WireFormatError
-from edge_agent.models import make_model
-from edge_agent.profiles import resolve_profile
-from edge_agent.selection import make_price
-from edge_agent.wire_many import decode_many
+from edge_agent.links.profiles import resolve_profile
+from edge_agent.numerics.compressors import Update
+from edge_agent.numerics.models import make_model
+from edge_agent.numerics.selection import make_price
+from edge_agent.protocol import mac, messages, topics, wire
+from edge_agent.protocol.wire_many import decode_many
 
 pytestmark = pytest.mark.security
 

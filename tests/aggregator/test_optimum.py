@@ -8,10 +8,10 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from aggregator.optimum import lbfgs, solve_optimum
+from aggregator.sim.optimum import lbfgs, solve_optimum
 from edge_agent.data import Dataset, make_rcv1_like, read_libsvm
 from edge_agent.errors import DataError
-from edge_agent.models import make_model
+from edge_agent.numerics.models import make_model
 
 BREAST_CANCER = Path(__file__).resolve().parent.parent / "data" / "breast_cancer.svm"
 FloatArray = npt.NDArray[np.float64]

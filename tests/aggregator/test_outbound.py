@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aggregator.outbound import DeltaParts, Outbound, control_message, merge_deltas
-from edge_agent import messages, topics, wire
+from aggregator.engine.outbound import DeltaParts, Outbound, control_message, merge_deltas
+from edge_agent.protocol import messages, topics, wire
 
 JOB, D = "job1", 10
 

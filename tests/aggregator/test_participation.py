@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from aggregator.app import create_app
-from aggregator.participation import participation
-from aggregator.rounds import EngineConfig, RoundEngine
-from aggregator.settings import load_settings
-from aggregator.store import CHECKPOINT
-from edge_agent import messages, topics, wire
-from edge_agent.compressors import compress
+from aggregator.engine.participation import participation
+from aggregator.engine.rounds import EngineConfig, RoundEngine
+from aggregator.service.settings import load_settings
+from aggregator.service.store import CHECKPOINT
+from aggregator.web.app import create_app
+from edge_agent.numerics.compressors import compress
+from edge_agent.protocol import messages, topics, wire
 from edge_agent.transports import Transport, open_transport
 
 JOB = "part"

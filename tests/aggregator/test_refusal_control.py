@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from aggregator.refusals import MAX_TRACKED, REFUSAL_INTERVAL_S, Refusals
-from aggregator.rounds import EngineConfig, RoundEngine
-from aggregator.service import AggregatorService
-from aggregator.settings import load_settings
-from edge_agent import messages, topics, wire
-from edge_agent.compressors import compress
+from aggregator.engine.refusals import MAX_TRACKED, REFUSAL_INTERVAL_S, Refusals
+from aggregator.engine.rounds import EngineConfig, RoundEngine
+from aggregator.service.ingest import AggregatorService
+from aggregator.service.settings import load_settings
+from edge_agent.numerics.compressors import compress
+from edge_agent.protocol import messages, topics, wire
 from edge_agent.transports import Message, Transport, open_transport
 
 JOB = "job1"
@@ -199,10 +199,10 @@ def test_the_service_publishes_the_refusal_to_the_agent(
 
 def test_an_ef21_agent_in_a_plain_job_hears_why_and_gives_up(memory_url: str) -> None:
     """The issue's case: the agent sat through hundreds of rounds, refused, none the wiser."""
-    from edge_agent.agent import Agent, AgentConfig
+    from edge_agent.agent.loop import Agent, AgentConfig
     from edge_agent.data import make_rcv1_like
-    from edge_agent.models import make_model
-    from edge_agent.profiles import resolve_profile
+    from edge_agent.links.profiles import resolve_profile
+    from edge_agent.numerics.models import make_model
 
     now = [0.0]
     eng = make_engine()

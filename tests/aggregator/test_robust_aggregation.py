@@ -10,11 +10,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from aggregator.robust_round import Aggregation, RobustAccumulator, parse_aggregation
-from aggregator.rounds import EngineConfig, RoundEngine
-from aggregator.settings import SettingsError, load_settings
-from edge_agent import messages, robust, topics, wire
-from edge_agent.compressors import Update
+from aggregator.engine.robust_round import Aggregation, RobustAccumulator, parse_aggregation
+from aggregator.engine.rounds import EngineConfig, RoundEngine
+from aggregator.service.settings import SettingsError, load_settings
+from edge_agent.numerics import robust
+from edge_agent.numerics.compressors import Update
+from edge_agent.protocol import messages, topics, wire
 
 pytestmark = [pytest.mark.security]
 

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aggregator.outbound import Outbound
-from aggregator.rounds import EngineConfig, RoundEngine
-from edge_agent import messages, topics, wire
-from edge_agent.compressors import Update, compress
-from edge_agent.downlink import StateSnapshot, Steps, decode_downlink
-from edge_agent.replica import Replica
+from aggregator.engine.outbound import Outbound
+from aggregator.engine.rounds import EngineConfig, RoundEngine
+from edge_agent.agent.replica import Replica
+from edge_agent.numerics.compressors import Update, compress
+from edge_agent.protocol import messages, topics, wire
+from edge_agent.protocol.downlink import StateSnapshot, Steps, decode_downlink
 
 JOB = "job1"
 D = 16
@@ -307,7 +307,7 @@ def test_fresh_hello_resets_deduplication() -> None:
 
 
 def test_spend_prices_bytes_with_agent_profile() -> None:
-    from edge_agent.profiles import resolve_profile
+    from edge_agent.links.profiles import resolve_profile
 
     profile = resolve_profile("paper_packet_model")
     eng = RoundEngine(EngineConfig(job=JOB, d=D, step_size=GAMMA), profiles=resolve_profile)
@@ -669,7 +669,7 @@ def test_dedupe_log_stays_bounded_without_checkpoints() -> None:
 
 
 def test_round_record_prices_each_agents_updates_on_its_own_profile() -> None:
-    from edge_agent.profiles import resolve_profile
+    from edge_agent.links.profiles import resolve_profile
 
     eng = RoundEngine(EngineConfig(job=JOB, d=D, step_size=GAMMA), profiles=resolve_profile)
     join(eng, "a", profile="lorawan_eu868_dr5_sf7")
@@ -714,8 +714,8 @@ def test_downlink_pacing_spaces_versions_by_every_live_agents_caps() -> None:
     """A LoRaWAN agent may receive 10 downlinks a day: with pacing on, the next version
     cannot close before its link has recovered from the last broadcast (a day / 10 per
     downlink packet), even when everyone has reported; a link without caps adds nothing."""
-    from aggregator.broadcast import downlink_interval_s
-    from edge_agent.profiles import resolve_profile
+    from aggregator.engine.broadcast import downlink_interval_s
+    from edge_agent.links.profiles import resolve_profile
 
     eng = RoundEngine(
         EngineConfig(job=JOB, d=D, step_size=GAMMA, downlink_pacing=True),

@@ -9,15 +9,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from aggregator.outbound import merge_deltas
-from aggregator.rounds import RoundEngine
-from aggregator.service import AggregatorService
-from aggregator.settings import Settings, load_settings
-from aggregator.store import Store, recover
-from edge_agent import messages, topics, wire
-from edge_agent.compressors import Update, compress
-from edge_agent.downlink import StateSnapshot, decode_downlink
-from edge_agent.replica import Replica
+from aggregator.engine.outbound import merge_deltas
+from aggregator.engine.rounds import RoundEngine
+from aggregator.service.ingest import AggregatorService
+from aggregator.service.settings import Settings, load_settings
+from aggregator.service.store import Store, recover
+from edge_agent.agent.replica import Replica
+from edge_agent.numerics.compressors import Update, compress
+from edge_agent.protocol import messages, topics, wire
+from edge_agent.protocol.downlink import StateSnapshot, decode_downlink
 from edge_agent.transports import Message
 
 JOB = "svc"
@@ -217,7 +217,7 @@ def test_a_batch_of_versions_is_broadcast_as_one_message_with_the_same_bits(down
 def test_only_small_updates_within_the_byte_budget_are_decoded_as_a_batch() -> None:
     """Batch decoding keeps every decoded array of the batch alive at once: it takes small
     updates up to a byte budget and leaves the rest to the engine, one at a time."""
-    from aggregator import service
+    from aggregator.service import ingest as service
 
     d = 100_000
     rng = np.random.default_rng(1)

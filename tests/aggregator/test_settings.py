@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.app import create_app
-from aggregator.settings import SettingsError, load_settings
+from aggregator.service.settings import SettingsError, load_settings
+from aggregator.web.app import create_app
 
 
 @pytest.fixture(autouse=True)

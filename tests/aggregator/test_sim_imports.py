@@ -43,8 +43,8 @@ def test_simulate_runs_without_the_web_dependencies_or_matplotlib(tmp_path: Path
     assert [r["method"] for r in records] == ["dense"] * 3 + ["cat-topk"] * 3
     loaded = proc.stdout.rsplit("LOADED=", 1)[1].strip().split(",")
     assert "aggregator.sim.cli" in loaded
-    service = {"aggregator.settings", "aggregator.app", "aggregator.service",
-               "aggregator.store", "aggregator.metrics", "aggregator.schemas"}  # fmt: skip
+    service = {"aggregator.service.settings", "aggregator.web.app", "aggregator.service.ingest",
+               "aggregator.service.store", "aggregator.web.metrics", "aggregator.web.schemas"}  # fmt: skip
     assert not service & set(loaded), loaded
 
 
@@ -80,7 +80,7 @@ def test_no_service_module_imports_the_simulator() -> None:
         for p in PACKAGE.rglob("*.py")
         if PACKAGE / "sim" not in p.parents and p != PACKAGE / "cli.py"
     ]
-    assert {p.stem for p in checked} >= {"app", "service", "store", "settings", "rounds"}
+    assert {p.stem for p in checked} >= {"app", "ingest", "store", "settings", "rounds"}
     offenders = {
         str(p.relative_to(PACKAGE)): sorted(
             n for n in _imports_of(p) if n == "aggregator.sim" or n.startswith("aggregator.sim.")

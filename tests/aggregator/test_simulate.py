@@ -9,12 +9,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from aggregator.rounds import RoundEngine
+from aggregator.engine.rounds import RoundEngine
 from aggregator.sim import cli
 from aggregator.sim.experiment import METRICS
 from aggregator.sim.methods import parse_method
 from aggregator.sim.report import TIMING_FIELDS
-from edge_agent.agent import Agent
+from edge_agent.agent.loop import Agent
 
 TINY = ["--rows", "300", "--features", "400", "--seed", "3", "--max-rounds", "400"]
 FIELDS = {"method", "target", "rounds", "bits", "packets", "airtime_s", "energy_j"}

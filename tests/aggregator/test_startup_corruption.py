@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aggregator.rounds import EngineConfig, RoundEngine
-from aggregator.store import (
+from aggregator.engine.rounds import EngineConfig, RoundEngine
+from aggregator.service.store import (
     CHECKPOINT,
     CHECKPOINT_PREV,
     HISTORY_DB,
@@ -26,8 +26,8 @@ from aggregator.store import (
     Store,
     recover,
 )
-from edge_agent import messages, topics, wire
-from edge_agent.compressors import Update
+from edge_agent.numerics.compressors import Update
+from edge_agent.protocol import messages, topics, wire
 
 pytestmark = pytest.mark.reliability
 

@@ -1,4 +1,4 @@
-"""Journal, atomic checkpoints, history and crash recovery (aggregator.store)."""
+"""Journal, atomic checkpoints, history and crash recovery (aggregator.service.store)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from aggregator.rounds import EngineConfig, RoundEngine
-from aggregator.store import (
+from aggregator.engine.rounds import EngineConfig, RoundEngine
+from aggregator.service.store import (
     CHECKPOINT,
     CHECKPOINT_PREV,
     CheckpointError,
@@ -19,8 +19,8 @@ from aggregator.store import (
     encode_checkpoint,
     recover,
 )
-from edge_agent import messages, topics, wire
-from edge_agent.compressors import Update
+from edge_agent.numerics.compressors import Update
+from edge_agent.protocol import messages, topics, wire
 
 JOB = "job1"
 D = 8
@@ -231,7 +231,7 @@ def test_checkpoint_written_with_a_dense_accumulator_still_loads() -> None:
     import io
     import json
 
-    from aggregator.store import _digest
+    from aggregator.service.store import _digest
 
     eng = _mid_round_plain_engine()
     snap = eng.export()
@@ -260,7 +260,7 @@ def test_checkpoint_with_a_bad_accumulator_index_is_refused(index: list[int]) ->
     import io
     import json
 
-    from aggregator.store import _digest
+    from aggregator.service.store import _digest
 
     snap = _mid_round_plain_engine().export()
     meta = json.dumps({"engine": snap.meta, "h_agents": [], "journal_hwm": 1}).encode()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from aggregator.localnet import ServiceProcess, free_port, service_env
-from aggregator.store import CHECKPOINT
+from aggregator.service.store import CHECKPOINT
 
 TEXT_LINE = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (INFO|WARNING|ERROR) [\w.]+: "
 
@@ -33,7 +33,7 @@ def _one_error(proc: subprocess.CompletedProcess[str]) -> str:
     lines = proc.stderr.splitlines()
     assert "Traceback" not in proc.stderr, proc.stderr
     assert len(lines) == 1, proc.stderr
-    assert " ERROR aggregator.startup: cannot start: " in lines[0]
+    assert " ERROR aggregator.web.startup: cannot start: " in lines[0]
     return lines[0]
 
 
@@ -87,7 +87,7 @@ def test_a_corrupt_checkpoint_ends_in_one_line_naming_the_file(tmp_path: Path) -
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr, proc.stderr
     last = proc.stderr.splitlines()[-1]  # the store logs first which file it kept aside
-    assert " ERROR aggregator.startup: cannot start: no valid checkpoint: " in last
+    assert " ERROR aggregator.web.startup: cannot start: no valid checkpoint: " in last
     assert str(data / CHECKPOINT) in last and "AGG_DATA_DIR" in last
 
 
@@ -115,6 +115,6 @@ def test_the_service_logs_its_info_lines_under_uvicorn(tmp_path: Path, fmt: str)
     else:
         assert all(re.match(TEXT_LINE, line) for line in lines), lines
         said = [line.split(" ", 2)[2] for line in lines]  # without the date and time
-    serving = "INFO aggregator.service: aggregator for job cat serving zmq+tcp://127.0.0.1:"
+    serving = "INFO aggregator.service.ingest: aggregator for job cat serving zmq+tcp://127.0.0.1:"
     assert len([s for s in said if s.startswith(serving)]) == 2, said
-    assert any(s.startswith("INFO aggregator.store: recovered job cat") for s in said), said
+    assert any(s.startswith("INFO aggregator.service.store: recovered job cat") for s in said), said

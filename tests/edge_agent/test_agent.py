@@ -7,11 +7,11 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from edge_agent import messages, topics, wire
-from edge_agent.agent import Agent, AgentConfig
+from edge_agent.agent.loop import Agent, AgentConfig
 from edge_agent.data import Dataset, make_rcv1_like
-from edge_agent.models import make_model
-from edge_agent.profiles import resolve_profile
+from edge_agent.links.profiles import resolve_profile
+from edge_agent.numerics.models import make_model
+from edge_agent.protocol import messages, topics, wire
 from edge_agent.transports import Transport, open_transport
 from edge_agent.transports.memory import MemoryTransport
 

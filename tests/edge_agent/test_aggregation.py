@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edge_agent.aggregation import EF21Mirror, MeanAccumulator, sorted_unique
-from edge_agent.compressors import Update, ValueDtype, compress
+from edge_agent.numerics.aggregation import EF21Mirror, MeanAccumulator, sorted_unique
+from edge_agent.numerics.compressors import Update, ValueDtype, compress
 
 D = 64
 

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from aggregator.localnet import free_port
-from edge_agent import topics, wire
-from edge_agent.agent import Agent, AgentConfig
-from edge_agent.cli import main, run_summary
+from edge_agent.agent.loop import Agent, AgentConfig
+from edge_agent.cli.commands import main, run_summary
 from edge_agent.data import load_dataset
-from edge_agent.models import make_model
-from edge_agent.profiles import list_profiles, load_profile, resolve_profile
+from edge_agent.links.profiles import list_profiles, load_profile, resolve_profile
+from edge_agent.numerics.models import make_model
+from edge_agent.protocol import topics, wire
 from edge_agent.transports import open_transport
 
 

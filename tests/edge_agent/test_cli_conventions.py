@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from aggregator import cli as agg_cli
-from edge_agent import cli
+from edge_agent.cli import commands as cli
 from edge_agent.data import make_rcv1_like, write_libsvm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,7 +63,7 @@ def test_help_texts_show_defaults_without_none_noise() -> None:
 
 
 def test_agent_defaults_converge_and_meet_the_aggregator(tmp_path: Path) -> None:
-    from aggregator.settings import Settings
+    from aggregator.service.settings import Settings
 
     data = tmp_path / "shard.svm"
     write_libsvm(make_rcv1_like(20, 30, rng=np.random.default_rng(0)), data)

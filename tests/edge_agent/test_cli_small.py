@@ -26,9 +26,9 @@ from fastapi.testclient import TestClient
 from paho.mqtt.client import MQTT_LOG_ERR, MQTT_LOG_WARNING
 
 from aggregator import cli as agg_cli
-from aggregator.app import create_app
-from aggregator.settings import Settings
-from edge_agent import cli
+from aggregator.service.settings import Settings
+from aggregator.web.app import create_app
+from edge_agent.cli import commands as cli
 from edge_agent.errors import TransportError
 from edge_agent.transports.mqtt import NOT_CONNECTED_EVERY_S, MqttTransport
 

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 import edge_agent as ea
-from edge_agent.compressors import randk_probabilities, top_indices
 from edge_agent.errors import UnknownNameError
+from edge_agent.numerics.compressors import randk_probabilities, top_indices
 
 finite = st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False, width=64)
 grads = arrays(np.float64, st.integers(1, 300), elements=finite, unique=True)

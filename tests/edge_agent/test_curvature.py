@@ -15,14 +15,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge_agent import curvature as cv
-from edge_agent.compressors import compress
 from edge_agent.data import Dataset, make_rcv1_like
+from edge_agent.data.sparse import CSRMatrix, prefix_sq_norms, sum_sq_norm
 from edge_agent.errors import DataError
-from edge_agent.models import CurvaturePass, Model, make_model
-from edge_agent.profiles import load_profile
-from edge_agent.selection import Price, make_price
-from edge_agent.sparse import CSRMatrix, prefix_sq_norms, sum_sq_norm
+from edge_agent.links.profiles import load_profile
+from edge_agent.numerics import curvature as cv
+from edge_agent.numerics.compressors import compress
+from edge_agent.numerics.models import CurvaturePass, Model, make_model
+from edge_agent.numerics.selection import Price, make_price
 
 FloatArray = npt.NDArray[np.float64]
 MODEL_KINDS = ["logreg", "lsq", "softmax"]
@@ -175,7 +175,7 @@ def test_column_index_is_built_once_and_matches_the_matrix() -> None:
 
 
 def test_wide_keys_sort_stably() -> None:
-    from edge_agent.sparse import stable_order
+    from edge_agent.data.sparse import stable_order
 
     rng = np.random.default_rng(5)
     for bound in (10, 1 << 16, (1 << 16) + 7, 1 << 33):

@@ -20,8 +20,8 @@ from edge_agent.data import (
     write_libsvm,
     write_npz,
 )
+from edge_agent.data.sparse import CSRMatrix
 from edge_agent.errors import DataError, UnknownNameError
-from edge_agent.sparse import CSRMatrix
 
 BREAST_CANCER = Path(__file__).resolve().parent.parent / "data" / "breast_cancer.svm"
 FIRST_ROW = [17.99, 10.38, 122.8, 1001, 0.1184, 0.2776, 0.3001, 0.1471, 0.2419, 0.07871]

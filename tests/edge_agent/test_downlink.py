@@ -7,10 +7,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge_agent import downlink, wire
-from edge_agent.aggregation import EF21Mirror, MeanAccumulator
-from edge_agent.compressors import compress
-from edge_agent.downlink import (
+from edge_agent.agent.replica import Replica
+from edge_agent.errors import WireFormatError
+from edge_agent.numerics.aggregation import EF21Mirror, MeanAccumulator
+from edge_agent.numerics.compressors import compress
+from edge_agent.protocol import downlink, wire
+from edge_agent.protocol.downlink import (
     Add,
     StateSnapshot,
     Steps,
@@ -22,8 +24,6 @@ from edge_agent.downlink import (
     sub_op,
     zero_op,
 )
-from edge_agent.errors import WireFormatError
-from edge_agent.replica import Replica
 
 JOB = "job-1"
 

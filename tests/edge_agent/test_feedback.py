@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 import edge_agent as ea
-from edge_agent.feedback import EF21State, NoFeedback, ResidualMemory
+from edge_agent.numerics.feedback import EF21State, NoFeedback, ResidualMemory
 
 
 def test_residual_memory_keeps_what_compression_dropped() -> None:

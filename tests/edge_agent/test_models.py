@@ -7,9 +7,9 @@ import numpy.typing as npt
 import pytest
 
 from edge_agent.data import Dataset
+from edge_agent.data.sparse import CSRMatrix
 from edge_agent.errors import DataError, UnknownNameError
-from edge_agent.models import MODELS, SAFETY_FACTOR, Model, make_model, power_iteration
-from edge_agent.sparse import CSRMatrix
+from edge_agent.numerics.models import MODELS, SAFETY_FACTOR, Model, make_model, power_iteration
 
 FloatArray = npt.NDArray[np.float64]
 N_ROWS, N_FEATURES, N_CLASSES = 40, 6, 3

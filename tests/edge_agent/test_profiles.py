@@ -1,4 +1,4 @@
-"""Tests for edge_agent.profiles: schema, formula, shipped profiles, errors."""
+"""Tests for edge_agent.links.profiles: schema, formula, shipped profiles, errors."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from edge_agent.errors import ProfileError
-from edge_agent.profile_fit import fit_affine, measured_profile
-from edge_agent.profiles import (
+from edge_agent.links.profile_fit import fit_affine, measured_profile
+from edge_agent.links.profiles import (
     METRICS,
     PROFILES_DIR_ENV,
     CostProfile,

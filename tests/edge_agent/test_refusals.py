@@ -8,12 +8,12 @@ import logging
 import numpy as np
 import pytest
 
-from edge_agent import messages, topics, wire
-from edge_agent.agent import Agent, AgentConfig
-from edge_agent.answers import NO_ANSWER_WARN_S
+from edge_agent.agent.answers import NO_ANSWER_WARN_S
+from edge_agent.agent.loop import Agent, AgentConfig
 from edge_agent.data import make_rcv1_like
-from edge_agent.models import make_model
-from edge_agent.profiles import resolve_profile
+from edge_agent.links.profiles import resolve_profile
+from edge_agent.numerics.models import make_model
+from edge_agent.protocol import messages, topics, wire
 from edge_agent.transports import Message, Transport, open_transport
 
 JOB = "job1"

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import edge_agent as ea
-from edge_agent import selection as sel
 from edge_agent.errors import UnknownNameError
-from edge_agent.wire import encoded_size
+from edge_agent.numerics import selection as sel
+from edge_agent.protocol.wire import encoded_size
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,7 @@ def test_randk_selection_is_exact_against_a_direct_sum() -> None:
     link = Link(0.0, 1.0, 0.0, 64)
     price = sel.make_price(link, "randk", d=g.size, job="j", agent="a")
     out = sel.select(g, "randk", price)
-    from edge_agent.compressors import randk_probabilities
+    from edge_agent.numerics.compressors import randk_probabilities
 
     norm2 = float(g @ g)
     ratios = []
@@ -182,7 +182,7 @@ def test_select_t_public_api_prices_with_the_exact_size() -> None:
 
 def test_index_code_band_finds_the_global_minimum() -> None:
     """encoded_size prices with a band of (b, l); it must equal the minimum over all codes."""
-    from edge_agent.indexcode import index_bits, index_bits_exhaustive
+    from edge_agent.protocol.indexcode import index_bits, index_bits_exhaustive
 
     for d in [*range(1, 200, 7), 1000, 4097, 47236, 10**6, 2**32 - 1]:
         ns = sorted(

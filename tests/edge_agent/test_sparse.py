@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge_agent import sparse
+from edge_agent.data import sparse
+from edge_agent.data.sparse import CSRMatrix
 from edge_agent.errors import DataError
-from edge_agent.sparse import CSRMatrix
 
 FloatArray = npt.NDArray[np.float64]
 

@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from edge_agent import topics
 from edge_agent.errors import TransportError, UnknownNameError
+from edge_agent.protocol import topics
 from edge_agent.transports import MemoryTransport, Message, open_transport, parse_url
 
 

@@ -1,4 +1,4 @@
-"""Fuzz edge_agent.wire.decode and decode_model: only WireFormatError may escape, and no
+"""Fuzz edge_agent.protocol.wire.decode and decode_model: only WireFormatError may escape, and no
 decode may allocate memory out of proportion to the bytes it was given.
 
 The big loop uses a seeded numpy Generator (reproducible, fast), not hypothesis. Memory is
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from helpers import uvarint
 
-from edge_agent.compressors import Update
 from edge_agent.errors import WireFormatError
-from edge_agent.wire import decode, decode_model, encode, encode_delta, encode_snapshot
+from edge_agent.numerics.compressors import Update
+from edge_agent.protocol.wire import decode, decode_model, encode, encode_delta, encode_snapshot
 
 N_INPUTS = 100_000
 MiB = 1 << 20

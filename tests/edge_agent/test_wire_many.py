@@ -5,7 +5,7 @@ same header, indices, values, scale) or the WireFormatError decode raises (the s
 reason). Every test here compares with decode itself, never with decode_many's own output.
 Messages are generated with a seeded numpy Generator; index blocks with an arbitrary (b, l)
 come from a small encoder written from docs/wire-format.md section 5, independent of
-edge_agent.indexcode, so that non-optimal codes and crafted invalid blocks are covered.
+edge_agent.protocol.indexcode, so that non-optimal codes and crafted invalid blocks are covered.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 from helpers import uvarint
 
-from edge_agent import wire, wire_many
-from edge_agent.compressors import Update
 from edge_agent.errors import WireFormatError
-from edge_agent.indexcode import best_code
-from edge_agent.wire import decode, encode
-from edge_agent.wire_many import decode_many
+from edge_agent.numerics.compressors import Update
+from edge_agent.protocol import wire, wire_many
+from edge_agent.protocol.indexcode import best_code
+from edge_agent.protocol.wire import decode, encode
+from edge_agent.protocol.wire_many import decode_many
 
 DTYPES = {"float32": "<f4", "float16": "<f2", "float64": "<f8"}
 DTYPE_CODES = {"float32": 0, "float16": 1, "float64": 2}

@@ -1,7 +1,7 @@
 """docs/wire-format.md is the contract: a clean-room decoder written from it alone must agree
-with the reference encoder/decoder (edge_agent.wire), and the doc's examples must not drift.
+with the reference encoder/decoder (edge_agent.protocol.wire), and the doc's examples must not drift.
 
-The decoder below deliberately imports nothing from edge_agent.wire or edge_agent.indexcode:
+The decoder below deliberately imports nothing from edge_agent.protocol.wire or edge_agent.protocol.indexcode:
 it is plain Python + numpy, following the spec section by section. The tests use the
 reference code only as the thing under test (encoder output, decoder output).
 """
@@ -311,9 +311,9 @@ def spec_update_size(
 
 # ================================================================ the reference, under test
 
-from edge_agent.compressors import Update, ValueDtype  # noqa: E402
 from edge_agent.errors import WireFormatError  # noqa: E402
-from edge_agent.wire import (  # noqa: E402
+from edge_agent.numerics.compressors import Update, ValueDtype  # noqa: E402
+from edge_agent.protocol.wire import (  # noqa: E402
     Delta,
     Snapshot,
     decode,

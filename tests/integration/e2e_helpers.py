@@ -26,16 +26,16 @@ from typing import Any
 import httpx
 import numpy as np
 
+from aggregator.engine.rounds import EngineConfig, RoundEngine
 from aggregator.localnet import HOST, ServiceProcess, free_port_pair, service_env, tail
-from aggregator.optimum import solve_optimum
-from aggregator.rounds import EngineConfig, RoundEngine
-from aggregator.service import AggregatorService
-from aggregator.settings import Settings, load_settings
+from aggregator.service.ingest import AggregatorService
+from aggregator.service.settings import Settings, load_settings
 from aggregator.sim.harness import FleetHarness
-from edge_agent.agent import Agent, AgentConfig, FeedbackName
+from aggregator.sim.optimum import solve_optimum
+from edge_agent.agent.loop import Agent, AgentConfig, FeedbackName
 from edge_agent.data import load_dataset, make_rcv1_like, split_shards, write_libsvm
-from edge_agent.models import make_model
-from edge_agent.profiles import CostProfile, resolve_profile
+from edge_agent.links.profiles import CostProfile, resolve_profile
+from edge_agent.numerics.models import make_model
 from edge_agent.transports import Message, Transport, open_transport
 
 #: one radio per agent, all shipped profiles with a non-zero energy model

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from aggregator.localnet import MosquittoBroker, free_port_pair
-from edge_agent import messages, topics, wire
 from edge_agent.data import make_rcv1_like, write_libsvm
+from edge_agent.protocol import messages, topics, wire
 from edge_agent.transports import Transport, open_transport
 
 pytestmark = pytest.mark.integration

@@ -45,11 +45,11 @@ from e2e_helpers import (
     wait_until,
 )
 
-from aggregator.rounds import EngineConfig, RoundEngine
-from edge_agent import messages, topics, wire
-from edge_agent.agent import FeedbackName
-from edge_agent.compressors import compress
-from edge_agent.downlink import StateSnapshot, decode_downlink
+from aggregator.engine.rounds import EngineConfig, RoundEngine
+from edge_agent.agent.loop import FeedbackName
+from edge_agent.numerics.compressors import compress
+from edge_agent.protocol import messages, topics, wire
+from edge_agent.protocol.downlink import StateSnapshot, decode_downlink
 
 pytestmark = pytest.mark.integration
 

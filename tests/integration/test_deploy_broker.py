@@ -31,8 +31,8 @@ import numpy as np
 import pytest
 
 from aggregator.localnet import HOST, MissingProgram, MosquittoBroker, find_program, tail
-from edge_agent import topics, wire
 from edge_agent.errors import TransportError
+from edge_agent.protocol import topics, wire
 from edge_agent.transports import Message, Transport, open_transport
 
 pytestmark = pytest.mark.integration

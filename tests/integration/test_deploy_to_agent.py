@@ -20,8 +20,8 @@ from test_deploy_broker import (  # the module-scoped broker fixture and its hel
     job,
 )
 
-from edge_agent import topics
 from edge_agent.errors import TransportError
+from edge_agent.protocol import topics
 from edge_agent.transports import Message
 
 pytestmark = pytest.mark.integration

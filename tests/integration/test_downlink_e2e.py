@@ -1,8 +1,8 @@
 """The downlink against real transports: replicas stay bit-identical, and every byte is counted.
 
-A real :class:`~aggregator.service.AggregatorService` (in-process: the compressed downlink's
+A real :class:`~aggregator.service.ingest.AggregatorService` (in-process: the compressed downlink's
 broadcast model ``w`` is not served over HTTP, and the accounts are read from the engine)
-on real ZeroMQ sockets or a real Mosquitto, and three real :class:`~edge_agent.agent.Agent`
+on real ZeroMQ sockets or a real Mosquitto, and three real :class:`~edge_agent.agent.loop.Agent`
 loops on real transports, each wrapped in a meter (:class:`CountingTransport`) that counts
 what the wire carried to and from it. Everything on 127.0.0.1; every wait is bounded.
 
@@ -34,10 +34,10 @@ from e2e_helpers import (
     wait_until,
 )
 
-from aggregator.service import AggregatorService
-from edge_agent import topics
-from edge_agent.agent import AgentConfig
-from edge_agent.profiles import resolve_profile
+from aggregator.service.ingest import AggregatorService
+from edge_agent.agent.loop import AgentConfig
+from edge_agent.links.profiles import resolve_profile
+from edge_agent.protocol import topics
 
 pytestmark = pytest.mark.integration
 

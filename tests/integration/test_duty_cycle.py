@@ -23,10 +23,10 @@ import pytest
 from e2e_helpers import AgentThread, make_problem, service_settings, wait_until
 
 from aggregator.localnet import HOST, free_port_pair
-from aggregator.service import AggregatorService
-from edge_agent import topics
-from edge_agent.agent import AgentConfig
-from edge_agent.profiles import CostProfile, parse_profile, resolve_profile
+from aggregator.service.ingest import AggregatorService
+from edge_agent.agent.loop import AgentConfig
+from edge_agent.links.profiles import CostProfile, parse_profile, resolve_profile
+from edge_agent.protocol import topics
 
 pytestmark = pytest.mark.integration
 

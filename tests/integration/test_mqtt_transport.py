@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from aggregator.localnet import MissingProgram, MosquittoBroker, find_program, free_port
-from edge_agent import topics
 from edge_agent.errors import TransportError
+from edge_agent.protocol import topics
 from edge_agent.transports import Message, Transport, open_transport
 
 pytestmark = pytest.mark.integration
@@ -75,7 +75,7 @@ def test_retained_model_reaches_late_subscriber(mosquitto: MosquittoBroker) -> N
 _KILLED_CLIENT = textwrap.dedent(
     """
     import sys, time
-    from edge_agent import topics
+    from edge_agent.protocol import topics
     from edge_agent.transports import open_transport
     t = open_transport(sys.argv[1], role="agent", client_id="doomed", timeout_s=5)
     t.set_will(topics.status("job1", "doomed"), b'{"state": "offline"}')

@@ -1,7 +1,7 @@
 """The aggregator's account of everything an agent sent equals the agent's own ledger.
 
-A real in-process :class:`~aggregator.service.AggregatorService` on real ZeroMQ sockets and
-three real :class:`~edge_agent.agent.Agent` loops (agent-0 on a LoRaWAN profile), each on a
+A real in-process :class:`~aggregator.service.ingest.AggregatorService` on real ZeroMQ sockets and
+three real :class:`~edge_agent.agent.loop.Agent` loops (agent-0 on a LoRaWAN profile), each on a
 :class:`CountingTransport` that counts what went on the wire. agent-0's radio goes deaf for
 a few versions, so besides its hello, updates and goodbye it also sends requests (version
 gap) and re-sends that are refused as duplicates: the aggregator's ``sent`` account prices
@@ -31,13 +31,13 @@ from e2e_helpers import (
     wait_until,
 )
 
-from aggregator.metrics import AggregatorMetrics
-from aggregator.outbound import PUBLISHED_KINDS
-from aggregator.service import AggregatorService
-from edge_agent import topics, wire
-from edge_agent.agent import AgentConfig
-from edge_agent.downlink import StateSnapshot, decode_downlink
-from edge_agent.profiles import resolve_profile
+from aggregator.engine.outbound import PUBLISHED_KINDS
+from aggregator.service.ingest import AggregatorService
+from aggregator.web.metrics import AggregatorMetrics
+from edge_agent.agent.loop import AgentConfig
+from edge_agent.links.profiles import resolve_profile
+from edge_agent.protocol import topics, wire
+from edge_agent.protocol.downlink import StateSnapshot, decode_downlink
 
 pytestmark = pytest.mark.integration
 

@@ -15,10 +15,10 @@ import pytest
 import zmq
 from fastapi.testclient import TestClient
 
-from aggregator.app import create_app
 from aggregator.localnet import free_port_pair
-from aggregator.settings import load_settings
-from edge_agent import topics
+from aggregator.service.settings import load_settings
+from aggregator.web.app import create_app
+from edge_agent.protocol import topics
 from edge_agent.transports import open_transport
 
 JOB = "drops"

@@ -19,13 +19,13 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from aggregator.localnet import free_port_pair
-from aggregator.service import AggregatorService
-from aggregator.settings import SettingsError, load_settings
-from edge_agent import topics
-from edge_agent.agent import Agent, AgentConfig
-from edge_agent.datagen import make_rcv1_like, split_shards
-from edge_agent.models import make_model
-from edge_agent.profiles import resolve_profile
+from aggregator.service.ingest import AggregatorService
+from aggregator.service.settings import SettingsError, load_settings
+from edge_agent.agent.loop import Agent, AgentConfig
+from edge_agent.data.datagen import make_rcv1_like, split_shards
+from edge_agent.links.profiles import resolve_profile
+from edge_agent.numerics.models import make_model
+from edge_agent.protocol import topics
 from edge_agent.transports import Message, Transport, open_transport
 from edge_agent.transports.zmq_auth import write_keypair
 

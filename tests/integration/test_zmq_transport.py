@@ -14,8 +14,8 @@ import pytest
 import zmq
 
 from aggregator.localnet import free_port_pair
-from edge_agent import topics
 from edge_agent.errors import TransportError
+from edge_agent.protocol import topics
 from edge_agent.transports import Message, Transport, open_transport
 from edge_agent.transports.zmq import ZmqTransport, generate_curve_keypair
 

@@ -1,0 +1,353 @@
+"""Which inbound messages the engine looks at: the checks that need no round state.
+
+Every refused message is counted under one reason of :data:`REJECT_REASONS`. The checks
+here depend only on the job's configuration and the sender's hello; whether a valid update
+enters a round (duplicate, stale, paused, ...) is the engine's business
+(:meth:`aggregator.engine.rounds.RoundEngine.handle`). Each check raises :class:`Reject`
+before anything changed, so a refused message leaves no trace but its count.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+from edge_agent.agent import jobinfo
+from edge_agent.errors import WireFormatError
+from edge_agent.numerics.compressors import COMPRESSOR_IDS, Update
+from edge_agent.protocol import mac as update_mac
+from edge_agent.protocol import messages, topics, wire
+
+#: Every reason a message can be rejected for (the Prometheus label values).
+REJECT_REASONS: Final[tuple[str, ...]] = (
+    "malformed",
+    "unexpected_topic",
+    "wrong_job",
+    "agent_mismatch",
+    "unknown_agent",
+    "wrong_d",
+    "wrong_model",
+    "wrong_compressor",
+    "wrong_semantics",
+    "out_of_bounds",
+    "too_many_agents",
+    "too_large",
+    "would_diverge",
+    "bad_mac",
+    "duplicate",
+    "stale",
+    "ef21_reset",
+    "future_version",
+    "paused",
+    "finished",
+    "internal_error",
+)
+
+#: the two families of update semantics a job can run (configured, or the first hello fixes it)
+Family = Literal["mean", "ef21"]
+
+#: Largest payload the engine looks at (a dense float64 update of d = 2**24 fits).
+MAX_PAYLOAD_BYTES: Final = 256 * 2**20
+
+_TOPIC_CACHE_MAX: Final = 8192
+
+#: the largest round, seq or version number an agent may name (the wire's uvarint cap)
+MAX_COUNTER: Final = 2**63 - 1
+#: the longest free-text field (profile, objective, policy) a hello may carry
+MAX_TEXT: Final = 256
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    """Bounds on what an agent may claim; a message outside them is refused before
+    anything changes (``out_of_bounds`` for a hello, ``too_large`` for an update).
+
+    ``max_rows`` bounds n_i and ``[min_smoothness, max_smoothness]`` the L_i of a hello
+    (they set the step size, docs/algorithm.md). ``update_norm_factor``: once
+    ``update_norm_warmup`` updates were accepted, a mean-family update whose L2 norm
+    exceeds this multiple of the median norm of the last accepted ones is refused
+    (:mod:`aggregator.engine.guard`).
+    """
+
+    max_rows: int = 10**9
+    min_smoothness: float = 1e-6
+    max_smoothness: float = 1e12
+    update_norm_factor: float = 1e3
+    update_norm_warmup: int = 16
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.max_rows >= 1, "max_rows must be >= 1"),
+            (0 < self.min_smoothness <= self.max_smoothness, "need 0 < min <= max smoothness"),
+            (math.isfinite(self.max_smoothness), "max_smoothness must be finite"),
+            (self.update_norm_factor >= 1, "update_norm_factor must be >= 1"),
+            (self.update_norm_warmup >= 1, "update_norm_warmup must be >= 1"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ValueError(f"Limits: {msg}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MacPolicy:
+    """Which updates must carry a valid MAC (docs/wire-format.md section 3.3).
+
+    ``keys``: the MAC key of each agent that has one (``AGG_MAC_KEYS_DIR``); an update from
+    such an agent must carry a MAC that verifies under it. ``required``
+    (``AGG_REQUIRE_MAC``): an update without a MAC, or from an agent without a key, is
+    refused too. Every refusal is ``bad_mac``. Keys never appear in a repr."""
+
+    keys: Mapping[str, bytes] = field(default_factory=dict, repr=False, hash=False)
+    required: bool = False
+
+    def check(self, blob: bytes, header: wire.UpdateHeader, agent: str) -> None:
+        """Raise ``bad_mac`` unless ``blob`` (from ``agent``, decoded as ``header``) passes."""
+        key = self.keys.get(agent)
+        if key is None:
+            if self.required:
+                raise Reject(
+                    "bad_mac",
+                    f"{agent}: no MAC key for this agent and AGG_REQUIRE_MAC=true (add "
+                    f"{agent}.mac to AGG_MAC_KEYS_DIR)",
+                )
+            return
+        if not header.mac:
+            raise Reject("bad_mac", f"{agent}: unsigned update; run it with --mac-key-file")
+        if not update_mac.verify(key, blob):
+            raise Reject("bad_mac", f"{agent}: MAC does not verify under its key")
+
+
+#: an update's decoding: what wire.decode returns, or the error it raises
+Decoded = tuple[wire.UpdateHeader, Update] | WireFormatError
+
+
+class Reject(Exception):
+    """A message is refused: ``reason`` (one of :data:`REJECT_REASONS`) and a detail."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.detail = detail
+
+
+class TopicParser:
+    """Parses agent topics of one job, caching the few each agent uses (bounded)."""
+
+    def __init__(self, job: str) -> None:
+        self.job = job
+        self._cache: dict[str, topics.Topic] = {}
+
+    def parse(self, topic: str) -> tuple[str, str]:
+        """``(agent, kind)`` of an agent topic of this job, else :class:`Reject`."""
+        parsed = self._cache.get(topic)
+        if parsed is None:
+            try:
+                parsed = topics.parse(topic)
+            except ValueError:
+                raise Reject("unexpected_topic", topic[:80]) from None
+            if len(self._cache) >= _TOPIC_CACHE_MAX:
+                self._cache.clear()
+            self._cache[topic] = parsed
+        if parsed.job != self.job:
+            raise Reject("wrong_job", parsed.job)
+        if parsed.agent is None:
+            raise Reject("unexpected_topic", topic)
+        return parsed.agent, parsed.kind
+
+
+def check_payload(payload: object) -> bytes:
+    """The payload as bytes, unless it is not bytes-like or too large."""
+    if not isinstance(payload, bytes | bytearray | memoryview):
+        raise Reject("malformed", "payload is not bytes")
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        raise Reject("malformed", f"{len(payload)} bytes")
+    return bytes(payload)
+
+
+def check_hello(
+    blob: bytes,
+    *,
+    agent: str,
+    job: str,
+    d: int,
+    model: str,
+    family: str | None,
+    alone: bool,
+    fixed_step: bool = False,
+    limits: Limits | None = None,
+    feedback: str = "any",
+) -> messages.Hello:
+    """A hello that fits the job and ``limits`` (None: the defaults). ``feedback``: the
+    job's configured feedback (``AGG_FEEDBACK``; ``any``: ``family`` decides); ``family``:
+    the job's semantics family so far (None: not fixed yet); ``alone``: no other agent is
+    registered, so an unconfigured family may change; ``fixed_step``: the job configures
+    its step size (``dir`` agents need ``1/L``)."""
+    try:
+        hello = messages.parse(messages.Hello, blob)
+    except WireFormatError as exc:
+        raise Reject("malformed", exc.reason) from None
+    if hello.agent != agent:
+        raise Reject("agent_mismatch", f"hello from {hello.agent!r} on {agent!r}'s topic")
+    if hello.job != job:
+        raise Reject("wrong_job", hello.job)
+    if hello.d != d:
+        raise Reject(
+            "wrong_d",
+            f"{agent}: d={hello.d}; job has d={d} (AGG_D); run the agent with --features {d}",
+        )
+    if hello.model != model:
+        raise Reject(
+            "wrong_model",
+            f"{agent}: model {hello.model!r}; job runs {model!r} (AGG_MODEL); "
+            f"run the agent with --model {model}",
+        )
+    if hello.compressor not in COMPRESSOR_IDS:
+        raise Reject(
+            "wrong_compressor",
+            f"{agent}: {hello.compressor!r}; job accepts {', '.join(COMPRESSOR_IDS)}",
+        )
+    check_family(hello, feedback=feedback, family=family, alone=alone)
+    if hello.semantics == "dir":
+        _check_directional(hello, fixed_step=fixed_step)
+    check_hello_bounds(hello, limits or Limits())
+    return hello
+
+
+def check_hello_bounds(hello: messages.Hello, limits: Limits) -> None:
+    """Raise ``out_of_bounds`` unless every number and text a hello claims is in range."""
+    who = hello.agent
+    if hello.rows > limits.max_rows:
+        raise Reject("out_of_bounds", f"{who}: rows={hello.rows} > {limits.max_rows}")
+    if not limits.min_smoothness <= hello.smoothness <= limits.max_smoothness:
+        raise Reject(
+            "out_of_bounds",
+            f"{who}: smoothness={hello.smoothness:g} outside "
+            f"[{limits.min_smoothness:g}, {limits.max_smoothness:g}]",
+        )
+    if hello.next_seq > MAX_COUNTER or (hello.version or 0) > MAX_COUNTER:
+        raise Reject("out_of_bounds", f"{who}: next_seq or version beyond 2**63 - 1")
+    if max(len(hello.profile), len(hello.objective), len(hello.policy)) > MAX_TEXT:
+        raise Reject("out_of_bounds", f"{who}: profile/objective/policy over {MAX_TEXT} chars")
+
+
+def check_capacity(agent: str, registered: int, cap: int) -> None:
+    """Raise ``too_many_agents`` when a hello from an unknown ``agent`` would register
+    more than ``cap`` agents (the registry, the checkpoint and /agents stay bounded)."""
+    if registered >= cap:
+        raise Reject(
+            "too_many_agents",
+            f"{agent}: {registered} agents are registered, the cap; raise AGG_MAX_AGENTS "
+            "if the fleet is larger",
+        )
+
+
+#: compressors whose update a ``dir`` step can carry (the step scales values or the scale)
+DIRECTIONAL_COMPRESSORS: Final[tuple[str, ...]] = ("dense", "topk", "signtopk")
+
+
+def _check_directional(hello: messages.Hello, *, fixed_step: bool) -> None:
+    """A ``dir`` agent scaled its update for ``x <- x - (1/L) u``: the job must step 1/L."""
+    if hello.compressor not in DIRECTIONAL_COMPRESSORS:
+        raise Reject(
+            "wrong_semantics",
+            f"{hello.agent}: dir updates need compressor dense, topk or signtopk, "
+            f"not {hello.compressor!r}",
+        )
+    if fixed_step:
+        raise Reject(
+            "wrong_semantics",
+            f"{hello.agent}: dir updates are scaled for the step 1/L; this job configures "
+            "step_size (unset it, or run the agent with --curvature global)",
+        )
+
+
+def check_family(hello: messages.Hello, *, feedback: str, family: str | None, alone: bool) -> None:
+    """Raise ``wrong_semantics`` unless the hello's update family is the job's: the
+    configured one (``feedback``), or with ``any`` the one the first hello fixed (which a
+    lone agent may still change). The detail names the job's value and the fix."""
+    own = semantics_family(hello.semantics)
+    want = jobinfo.family_of(feedback)
+    if want is not None and own != want:
+        raise Reject(
+            "wrong_semantics",
+            f"{hello.agent}: {hello.semantics}; job runs {feedback} (AGG_FEEDBACK); "
+            f"run the agent with {jobinfo.agent_flag(feedback)}",
+        )
+    if want is None and family is not None and own != family and not alone:
+        fits = "ef21" if family == "ef21" else "none"
+        raise Reject(
+            "wrong_semantics",
+            f"{hello.agent}: {hello.semantics} in a {family} job (fixed by its first agent, "
+            f"AGG_FEEDBACK=any); run the agent with {jobinfo.agent_flag(fits)}",
+        )
+
+
+def semantics_family(semantics: str) -> Family:
+    """``"ef21"`` for EF21 updates, ``"mean"`` for the others (plain, ef, dir).
+
+    ``dir`` (a directional step, pre-scaled for ``gamma = 1/L``) is averaged like a plain
+    update, so it can never share a job with ``ef21`` (whose step and state differ)."""
+    return "ef21" if semantics == "ef21" else "mean"
+
+
+def check_update(
+    blob: bytes,
+    decoded: Decoded | None,
+    *,
+    agent: str,
+    job: str,
+    d: int,
+    hello: messages.Hello | None,
+    mac: MacPolicy | None = None,
+) -> tuple[wire.UpdateHeader, Update]:
+    """A decoded update that fits the job and its sender's ``hello`` (None: the agent has
+    not said hello) and, with ``mac``, carries the MAC that policy asks for.
+    ``decoded``: the caller's decoding of ``blob``, if it has one."""
+    if decoded is None:
+        try:
+            decoded = wire.decode(blob)
+        except WireFormatError as exc:
+            decoded = exc
+    if isinstance(decoded, WireFormatError):
+        raise Reject("malformed", decoded.reason)
+    header, update = decoded
+    if header.job != job:
+        raise Reject("wrong_job", header.job)
+    if header.agent != agent:
+        raise Reject("agent_mismatch", f"update from {header.agent!r} on {agent!r}'s topic")
+    if mac is not None:
+        mac.check(blob, header, agent)
+    if hello is None:
+        raise Reject("unknown_agent", f"{agent} sent an update before its hello")
+    if header.d != d:
+        raise Reject("wrong_d", f"{agent}: d={header.d}, job has d={d}")
+    if header.compressor != hello.compressor:
+        raise Reject(
+            "wrong_compressor", f"{agent}: {header.compressor}, hello said {hello.compressor}"
+        )
+    if header.semantics != hello.semantics:
+        raise Reject(
+            "wrong_semantics", f"{agent}: {header.semantics}, hello said {hello.semantics}"
+        )
+    return header, update
+
+
+def check_status(blob: bytes, *, agent: str) -> messages.Status:
+    """A status message about ``agent`` itself."""
+    try:
+        status = messages.parse(messages.Status, blob)
+    except WireFormatError as exc:
+        raise Reject("malformed", exc.reason) from None
+    if status.agent is not None and status.agent != agent:
+        raise Reject("agent_mismatch", f"status for {status.agent!r} on {agent!r}'s topic")
+    return status
+
+
+def check_request(blob: bytes) -> messages.Request:
+    """A well-formed request (for the current model)."""
+    try:
+        return messages.parse(messages.Request, blob)
+    except WireFormatError as exc:
+        raise Reject("malformed", exc.reason) from None

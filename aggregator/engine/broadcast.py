@@ -1,0 +1,252 @@
+"""The engine's downlink: what every agent receives so its model copy follows the aggregator.
+
+Three modes (``AGG_DOWNLINK``, docs/algorithm.md "Both directions"):
+
+- ``exact`` (default): every version is broadcast as *replicated steps*
+  (:mod:`edge_agent.protocol.downlink`): the version's accepted compressed updates, re-encoded
+  without their per-message header, and the step coefficient. Every replica performs the
+  aggregator's float operations and holds the same bits; a version costs each agent at most
+  the sum of that version's update sizes plus a header of a few bytes. In a mean-family job
+  a float64 delta of the changed entries goes instead when it is smaller.
+- ``delta``: the previous protocol, the float64 new values of the changed entries (kept
+  for comparison).
+- ``cat``: a *compressed* downlink with error feedback on the model (EF21-P: Gruntkowska,
+  Tyurin and Richtarik 2023; EF21-BC in Fatkhullin et al. 2021). The aggregator keeps the
+  true model ``x`` and the broadcast model ``w`` every agent holds; each version it sends
+  ``C(x - w)`` and sets ``w += C(x - w)``; agents compute their gradients at ``w``. The
+  level T of the sign-top-T compressor ``C`` is chosen by CAT against the fleet's downlink
+  profiles: it maximises the guaranteed reduction of ``|x - w|^2`` (``A1(T)^2 / T``) per
+  unit of the fleet's receiving cost, each agent's cost relative to its cost of a dense
+  float32 broadcast.
+
+A late joiner, or an agent that missed messages, gets the merged steps since its version
+while they are held (``window`` versions), else a state snapshot (the model, and for EF21
+jobs replicated exactly the aggregate the replicas step with).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any, Final, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from aggregator.engine.outbound import DeltaParts, Outbound, StepsParts
+from edge_agent.links.profiles import CostProfile
+from edge_agent.numerics.compressors import compress
+from edge_agent.numerics.selection import select
+from edge_agent.protocol import downlink, topics, wire
+from edge_agent.protocol.indexcode import index_bytes
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+DownlinkMode = Literal["exact", "delta", "cat"]
+DOWNLINK_MODES: Final[tuple[str, ...]] = ("exact", "delta", "cat")
+#: an agent's receiving cost of a message of each size (its profile's objective unit)
+DownPrice = Callable[[IntArray], FloatArray]
+
+
+class Broadcast:
+    """The downlink state of one job (pure; the engine drives it)."""
+
+    def __init__(self, job: str, d: int, mode: DownlinkMode = "exact", *, window: int = 64) -> None:
+        if mode not in DOWNLINK_MODES:
+            raise ValueError(f"downlink mode {mode!r}; use one of {', '.join(DOWNLINK_MODES)}")
+        self.job = job
+        self.d = d
+        self.mode: DownlinkMode = mode
+        self._ops: list[bytes] = []  # the open version's operations (exact mode)
+        #: False after a restore: the open version's operations before it are not known,
+        #: so its close broadcasts a state snapshot instead of steps
+        self._ops_complete = True
+        self._history: deque[StepsParts] = deque(maxlen=max(1, window))
+        self.w: FloatArray | None = None  # the broadcast model (cat mode)
+        #: the EF21 aggregate as it was when the current version closed (exact mode): a
+        #: state snapshot of version v must not include the changes already on their way
+        #: in the steps v -> v+1, or a replica would add them twice. None: not known (after
+        #: a restore, until the next close; the next version then goes out as a snapshot)
+        self._agg_at_version: FloatArray | None = np.zeros(d)
+        self.t_down: int | None = None  # the last compressed broadcast's level
+        self._rng = np.random.default_rng(0)
+
+    # ------------------------------------------------------------- recording (exact mode)
+
+    def add(self, blob: bytes, t: int, weight: float) -> None:
+        """An update entered the aggregation state (the mean accumulator or EF21 aggregate)."""
+        if self.mode == "exact":
+            self._ops.append(downlink.add_op(blob, wire.body_offset(blob), t, weight))
+
+    def drop_state(self, h: FloatArray, *, none_left: bool) -> None:
+        """An agent's EF21 state ``h`` left the aggregate (``none_left``: it was the last)."""
+        if self.mode == "exact":
+            nz = np.flatnonzero(h)
+            self._ops.append(
+                downlink.zero_op() if none_left else downlink.sub_op(nz, h[nz], self.d)
+            )
+
+    # ------------------------------------------------------------- the model agents hold
+
+    def model(self, x: FloatArray) -> FloatArray:
+        """The model the agents hold: ``x``, or ``w`` under the compressed downlink."""
+        if self.mode == "cat":
+            if self.w is None:
+                self.w = x.copy()
+            return self.w
+        return x
+
+    def snapshot(
+        self, x: FloatArray, version: int, aggregate: FloatArray | None, family: str | None
+    ) -> Outbound:
+        """A state snapshot (retained on ``cat/<job>/model``) of what the agents hold."""
+        agg = None
+        if self.mode == "exact" and family == "ef21":
+            if self._agg_at_version is not None and self._ops_complete:
+                agg = self._agg_at_version
+            else:  # the next version is a snapshot too: the current state is consistent
+                agg = np.zeros(self.d) if aggregate is None else aggregate
+        blob = downlink.encode_state(self.model(x), job=self.job, version=version, aggregate=agg)
+        return Outbound(topics.model(self.job), blob, retain=True)
+
+    # ------------------------------------------------------------- one version
+
+    def close(
+        self,
+        *,
+        x: FloatArray,
+        changed: IntArray,
+        base: int,
+        version: int,
+        family: downlink.Family,
+        coef: float,
+        prices: Sequence[DownPrice],
+        aggregate: FloatArray | None = None,
+    ) -> Outbound | None:
+        """The broadcast for version ``base -> version``; None: send a state snapshot.
+        ``aggregate``: the EF21 aggregate after this version's step (exact mode keeps a
+        copy for state snapshots of this version)."""
+        ops, self._ops = self._ops, []
+        if self.mode == "exact" and family == "ef21":
+            self._agg_at_version = np.zeros(self.d) if aggregate is None else aggregate.copy()
+        if self.mode == "delta":
+            return Outbound(
+                topics.delta(self.job),
+                delta=DeltaParts(self.job, self.d, base, version, changed, x[changed]),
+            )
+        if self.mode == "cat":
+            ops = [self._move(x, prices)]
+        else:
+            ops.append(downlink.step_op(coef))
+        steps = StepsParts(self.job, self.d, base, version, family, tuple(ops))
+        complete, self._ops_complete = self._ops_complete, True
+        if not complete:
+            self._history.clear()
+            return None
+        self._history.append(steps)
+        if (
+            self.mode == "exact"
+            and family == "mean"
+            and _delta_size(self.d, changed) < steps.size_bytes
+        ):
+            delta = DeltaParts(self.job, self.d, base, version, changed, x[changed])
+            return Outbound(topics.delta(self.job), delta=delta)
+        return Outbound(topics.delta(self.job), steps=steps)
+
+    def _move(self, x: FloatArray, prices: Sequence[DownPrice]) -> bytes:
+        """Compressed downlink: choose T by CAT, send ``C(x - w)``, move ``w`` by it."""
+        w = self.model(x)
+        r = x - w
+        if not r.any():
+            self.t_down = 0
+            u = compress(r, "signtopk", 0, rng=self._rng)
+        else:
+            t = select(r, "signtopk", self._fleet_price(prices)).t
+            self.t_down = t
+            u = compress(r, "signtopk", t, rng=self._rng)
+        u.add_to(w)
+        return downlink.move_op(u, job=self.job)
+
+    def _fleet_price(self, prices: Sequence[DownPrice]) -> DownPrice:
+        dense = wire.encoded_size(
+            "dense", d=self.d, t=self.d, job=self.job, agent="r", round=0, seq=0
+        )
+
+        # each agent's cost of a dense broadcast, once per version (not once per price call)
+        refs = [(p, float(p(np.array([dense], dtype=np.int64))[0])) for p in prices]
+        refs = [(p, ref) for p, ref in refs if ref > 0]
+
+        def price(t: IntArray) -> FloatArray:
+            sizes = np.asarray(
+                wire.encoded_size(
+                    "signtopk", d=self.d, t=t, job=self.job, agent="r", round=0, seq=0
+                ),
+                dtype=np.int64,
+            )
+            total = np.zeros(sizes.shape)
+            for p, ref in refs:
+                total += p(sizes) / ref
+            return total if total.any() else sizes.astype(np.float64)
+
+        return price
+
+    # ------------------------------------------------------------- catching up
+
+    def catch_up(self, have: int | None, version: int) -> Outbound | None:
+        """The merged steps from ``have`` to ``version`` if every one is held, else None."""
+        if have is None or have >= version or self.mode == "delta":
+            return None
+        chain = [s for s in self._history if s.base_version >= have]
+        if not chain or chain[0].base_version != have or chain[-1].version != version:
+            return None
+        merged = StepsParts(
+            self.job,
+            self.d,
+            have,
+            version,
+            chain[-1].family,
+            tuple(op for s in chain for op in s.ops),
+        )
+        return Outbound(topics.delta(self.job), steps=merged)
+
+    # ------------------------------------------------------------- persistence
+
+    def export(self) -> dict[str, Any]:
+        """JSON-able state: the broadcast model of the compressed downlink."""
+        if self.w is None:
+            return {"mode": self.mode}
+        raw = np.ascontiguousarray(self.w, dtype="<f8").tobytes()
+        return {"mode": self.mode, "w": base64.b64encode(raw).decode("ascii")}
+
+    def restore(self, data: dict[str, Any] | None) -> None:
+        """The inverse of :meth:`export`; the open version's operations are not saved, so
+        the next version goes out as a state snapshot."""
+        self._ops_complete = False
+        self._agg_at_version = None
+        if data and data.get("w") and self.mode == "cat":
+            w = np.frombuffer(base64.b64decode(data["w"]), dtype="<f8").astype(np.float64)
+            if w.shape == (self.d,) and np.isfinite(w).all():
+                self.w = w
+
+
+def downlink_interval_s(profile: CostProfile, size_bytes: int) -> float:
+    """How long the link to an agent stays spent after it received a message of
+    ``size_bytes``: the message's downlink airtime plus the silence its sender then owes
+    (``sender_duty_cycle``), and at least the share of a day its network's cap allows
+    (``max_messages_per_day``, counted in link packets: each packet is a downlink).
+    0.0 for a link without a downlink part (no caps)."""
+    down = profile.downlink
+    if down is None:
+        return 0.0
+    cost = profile.downlink_cost(size_bytes)
+    interval = cost.airtime_s + cost.silence_s
+    if down.max_messages_per_day is not None:
+        interval = max(interval, 86_400.0 * max(1, cost.packets) / down.max_messages_per_day)
+    return interval
+
+
+def _delta_size(d: int, changed: IntArray) -> int:
+    """About ``len`` of a float64 delta of ``changed`` (header aside)."""
+    n = int(changed.size)
+    return int(index_bytes(d, n)[0]) + 8 * n + 16

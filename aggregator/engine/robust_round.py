@@ -1,0 +1,140 @@
+"""Optional robust aggregation of a round (``AGG_AGGREGATION``), wired into the engine.
+
+``mean`` (the default) is the engine's plain :class:`~edge_agent.numerics.aggregation.MeanAccumulator`,
+unchanged. ``clipped_mean`` and ``trimmed_mean`` use :class:`RobustAccumulator`: the same
+running sum (the update guard, the checkpoint and a crash replay see exactly what they see
+under ``mean``) plus the round's weighted updates stacked densely, which the step
+aggregates with :mod:`edge_agent.numerics.robust`. They apply to the mean family (plain, ef, dir
+semantics); an EF21 job steps with the sum of its agents' states as always.
+
+Replicas: under the ``exact`` downlink agents replay the plain mean step from the update
+blobs, which a robust step is not, so a robust job that asks for ``exact`` is broadcast
+with ``delta`` (the new values of the entries that changed; :func:`downlink`). ``cat``
+works unchanged (it broadcasts the model change).
+
+A restart in the middle of a round: the checkpoint holds the round's sum, not its rows,
+so that one round (the updates that arrived before the restart and after it) is stepped
+with the plain mean; the next round is robust again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final, Literal
+
+import numpy as np
+
+from edge_agent.numerics import robust
+from edge_agent.numerics.aggregation import FloatArray, MeanAccumulator, StepResult
+from edge_agent.numerics.compressors import Update
+
+if TYPE_CHECKING:
+    from aggregator.engine.types import EngineConfig
+
+AggregationKind = Literal["mean", "clipped_mean", "trimmed_mean"]
+AGGREGATIONS: Final[tuple[str, ...]] = ("mean", "clipped_mean", "trimmed_mean")
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """How a round's updates are combined. ``clip`` (clipped_mean): each weighted update
+    is scaled to a norm of at most ``clip`` times the round's median norm. ``trim``
+    (trimmed_mean): the fraction of values dropped per side, per coordinate."""
+
+    kind: AggregationKind = "mean"
+    clip: float = 2.0
+    trim: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.kind not in AGGREGATIONS:
+            raise ValueError(f"aggregation must be one of {', '.join(AGGREGATIONS)}")
+        if not self.clip > 0:
+            raise ValueError(f"aggregation clip must be > 0, got {self.clip}")
+        if not 0.0 <= self.trim < 0.5:
+            raise ValueError(f"aggregation trim must be in [0, 0.5), got {self.trim}")
+
+
+class RobustAccumulator(MeanAccumulator):
+    """A :class:`MeanAccumulator` whose step aggregates the round robustly."""
+
+    __slots__ = ("_partial", "_rows", "rule")
+
+    def __init__(self, d: int, rule: Aggregation) -> None:
+        super().__init__(d)
+        self.rule = rule
+        self._rows: list[FloatArray] = []
+        #: restored mid-round: the rows before the restart are unknown (plain mean once)
+        self._partial = False
+
+    def add(self, update: Update, weight: float = 1.0) -> None:
+        super().add(update, weight)
+        row = np.zeros(self.d)
+        update.add_to(row, weight)
+        self._rows.append(row)
+
+    def step(self, x: FloatArray, coef: float) -> StepResult:
+        """``x <- x - coef * S`` with ``S`` the robust sum of the round's rows
+        (:mod:`edge_agent.numerics.robust`), unless an entry would be nan or inf."""
+        if self._partial or not self._rows:
+            return super().step(x, coef)
+        rows = np.stack(self._rows)
+        if self.rule.kind == "clipped_mean":
+            total = robust.clipped_sum(rows, self.rule.clip)
+        else:
+            total = robust.trimmed_sum(rows, self.rule.trim)
+        new = x - coef * total
+        if not np.isfinite(new).all():
+            return StepResult(np.zeros(0, dtype=np.int64), False)
+        changed = np.flatnonzero(new != x)
+        x[...] = new
+        return StepResult(changed, True)
+
+    def reset(self) -> None:
+        super().reset()
+        self._rows = []
+        self._partial = False
+
+
+def accumulator(config: EngineConfig) -> MeanAccumulator:
+    """The round accumulator ``config.aggregation`` asks for."""
+    if config.aggregation.kind == "mean":
+        return MeanAccumulator(config.d)
+    return RobustAccumulator(config.d, config.aggregation)
+
+
+def restored(config: EngineConfig, acc: MeanAccumulator) -> MeanAccumulator:
+    """``acc`` (restored from a checkpoint's sum) as the accumulator ``config`` asks for."""
+    if config.aggregation.kind == "mean":
+        return acc
+    out = RobustAccumulator(config.d, config.aggregation)
+    out.acc = acc.export()
+    out._touched = None  # as MeanAccumulator.restore: which entries were touched is unknown
+    out._partial = bool(np.any(out.acc))
+    return out
+
+
+def downlink(config: EngineConfig) -> Literal["exact", "delta", "cat"]:
+    """The downlink mode the engine broadcasts with: ``delta`` for a robust job configured
+    with ``exact`` (replicas cannot replay a robust step), else as configured."""
+    if config.aggregation.kind != "mean" and config.downlink == "exact":
+        return "delta"
+    return config.downlink
+
+
+def parse_aggregation(text: str) -> Aggregation:
+    """``AGG_AGGREGATION``: ``mean``, ``clipped_mean[:c]`` or ``trimmed_mean[:fraction]``
+    (e.g. ``clipped_mean:3``, ``trimmed_mean:0.2``; defaults c = 2, fraction = 0.1).
+    Raises ValueError naming the accepted forms."""
+    kind, _, arg = text.strip().partition(":")
+    forms = "mean, clipped_mean[:c] (c > 0) or trimmed_mean[:fraction] (0 <= fraction < 0.5)"
+    try:
+        value = float(arg) if arg else None
+        if kind == "mean" and value is None:
+            return Aggregation()
+        if kind == "clipped_mean":
+            return Aggregation("clipped_mean", clip=2.0 if value is None else value)
+        if kind == "trimmed_mean":
+            return Aggregation("trimmed_mean", trim=0.1 if value is None else value)
+    except ValueError as exc:
+        raise ValueError(f"aggregation {text!r}: {exc}; expected {forms}") from None
+    raise ValueError(f"aggregation {text!r}: expected {forms}")

@@ -1,0 +1,103 @@
+"""Start the service from the environment, as ``uvicorn aggregator.app:app`` does, or fail in
+one line.
+
+uvicorn wraps any exception raised in an app's lifespan in a Starlette traceback and exits
+3, which systemd restarts forever. So the app uvicorn loads is built by
+:func:`start_from_environment` when uvicorn first reads ``aggregator.web.app.app`` (before it
+logs "Started server process"): logging first (:mod:`aggregator.service.logs`), then the settings,
+then the service is started. A failure is logged as ONE line naming what to fix and ends the
+process (SystemExit) with:
+
+* exit 2 (:data:`EXIT_CONFIG`) for what a person must fix: a setting (``AGG_*``), a
+  checkpoint or history file that cannot be restored, a data directory that cannot be
+  written. The shipped systemd unit does not restart on 2.
+* exit 1 (:data:`EXIT_RETRY`) for what may heal by itself: a broker or socket that cannot
+  connect (:class:`~edge_agent.errors.TransportError`). systemd restarts it with back-off.
+
+Nothing is written to the data directory before the settings are valid: the store is opened
+only by :meth:`AggregatorService.start`, after every check here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import NoReturn
+
+from aggregator.service.ingest import AggregatorService
+from aggregator.service.logs import configure_service, log_options
+from aggregator.service.settings import Settings, SettingsError, load_settings
+from aggregator.web.agent_metrics import max_agents_from
+from aggregator.web.metrics import AggregatorMetrics
+from edge_agent.errors import CatEdgeError, TransportError, lookup
+from edge_agent.transports import TRANSPORTS, parse_url
+
+log = logging.getLogger("aggregator.web.startup")
+
+EXIT_CONFIG = 2
+EXIT_RETRY = 1
+
+
+@dataclass(frozen=True)
+class Started:
+    """A service already started, with its settings and the metrics it reports to."""
+
+    settings: Settings
+    service: AggregatorService
+    metrics: AggregatorMetrics
+
+
+def exit_code(exc: BaseException) -> int:
+    """1 for a transport that cannot connect (it may come back), else 2 (fix the config)."""
+    return EXIT_RETRY if isinstance(exc, TransportError) else EXIT_CONFIG
+
+
+def describe(exc: BaseException) -> str:
+    """One line: an OSError names its file; anything else its message, newlines folded."""
+    if isinstance(exc, OSError) and exc.filename is not None:
+        text = f"{exc.filename}: {exc.strerror}"
+    else:
+        text = str(exc) or type(exc).__name__
+    return " ".join(text.split())
+
+
+def check_transport_schemes(settings: Settings) -> None:
+    """SettingsError naming AGG_TRANSPORTS for a URL whose scheme no transport serves (the
+    settings check the URL's shape only; this runs before anything is opened or written)."""
+    for url in settings.transports:
+        try:
+            lookup(TRANSPORTS, parse_url(url).scheme, "transport scheme")
+        except CatEdgeError as exc:
+            raise SettingsError(f"AGG_TRANSPORTS: {exc}") from None
+
+
+def fail(exc: BaseException, fix: str = "") -> NoReturn:
+    """Log ``exc`` (and ``fix``) as one ERROR line; end the process with :func:`exit_code`."""
+    log.error("cannot start: %s%s", describe(exc), f"; {fix}" if fix else "")
+    raise SystemExit(exit_code(exc))
+
+
+def start_from_environment() -> Started:
+    """Configure logging, read and check the settings, start the service; on any failure
+    one log line and SystemExit (see the module docstring for the codes)."""
+    try:
+        fmt, level = log_options(os.environ)
+    except SettingsError as exc:
+        configure_service()
+        fail(exc)
+    configure_service(fmt, level)
+    try:
+        settings = load_settings()
+        check_transport_schemes(settings)
+        metrics = AggregatorMetrics(max_agents=max_agents_from(os.environ))
+    except CatEdgeError as exc:
+        fail(exc)
+    service = AggregatorService(settings, observer=metrics.observe_round)
+    try:
+        service.start()
+    except CatEdgeError as exc:
+        fail(exc)
+    except OSError as exc:  # the store: a data directory it cannot create or write
+        fail(exc, f"check AGG_DATA_DIR={settings.data_dir} (it must be writable)")
+    return Started(settings, service, metrics)

@@ -1,0 +1,142 @@
+"""The job's settings as the aggregator announces them, and the agent's check against them.
+
+The aggregator publishes :class:`JobInfo` (JSON) retained on ``cat/<job>/job`` when it
+starts, and addresses it to an agent (``cat/<job>/to/<agent>``) in answer to every hello,
+accepted or refused (a ZeroMQ subscriber that joined late never sees the start-up one).
+An agent whose own settings do not fit (d, model, feedback family, compressor) logs one
+ERROR line naming both values and the fix, and gives up (``Agent.gave_up``: the CLI
+exits 2) before it sends an update: restarting will not help.
+
+``feedback`` is what the job runs (``AGG_FEEDBACK``): ``none``, ``ef``, ``dir`` (family
+*mean*: they may share a job), ``ef21`` (family *ef21*) or ``any`` (``family`` is then
+null: the first accepted hello fixes it, and the aggregator refuses the others).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING, Annotated, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from edge_agent.errors import WireFormatError
+from edge_agent.protocol import topics
+
+if TYPE_CHECKING:  # the agent imports this module, not the other way round
+    from edge_agent.agent.loop import Agent
+    from edge_agent.transports import Message
+
+log = logging.getLogger("edge_agent")
+
+FeedbackSetting = Literal["none", "ef", "ef21", "dir", "any"]
+#: the values of ``AGG_FEEDBACK`` / ``EngineConfig.feedback``
+FEEDBACK_SETTINGS: Final[tuple[str, ...]] = ("none", "ef", "ef21", "dir", "any")
+
+_Ident = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")]
+
+
+def family_of(feedback: str) -> Literal["mean", "ef21"] | None:
+    """The update family a feedback setting (or a hello's semantics) belongs to; None for
+    ``any`` (no family configured)."""
+    if feedback == "any":
+        return None
+    return "ef21" if feedback == "ef21" else "mean"
+
+
+def agent_flag(feedback: str) -> str:
+    """The agent option(s) that fit a job running ``feedback`` (for error messages)."""
+    if feedback == "ef21":
+        return "--feedback ef21"
+    return "--feedback none (or ef, or --curvature directional)"
+
+
+class JobInfo(BaseModel):
+    """What the aggregator announces about its job (frozen; unknown fields are ignored so
+    that a newer aggregator may add some)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    type: Literal["job"] = "job"
+    job: _Ident
+    d: int = Field(gt=0)
+    model: str
+    feedback: FeedbackSetting
+    #: ``mean`` or ``ef21``; null while ``feedback`` is ``any`` and no agent fixed it
+    family: Literal["mean", "ef21"] | None = None
+    compressors: tuple[str, ...]
+
+    def dump(self) -> bytes:
+        return self.model_dump_json().encode()
+
+
+def parse(payload: bytes) -> JobInfo | None:
+    """The :class:`JobInfo` in ``payload``; None when it is JSON of another type (a control
+    message); WireFormatError when it claims to be one and is not valid."""
+    try:
+        obj = json.loads(payload)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise WireFormatError(f"job info: not JSON: {exc}") from None
+    if not isinstance(obj, dict) or obj.get("type") != "job":
+        return None
+    try:
+        return JobInfo.model_validate(obj)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise WireFormatError(f"job info: {first.get('loc')}: {first.get('msg')}") from None
+
+
+def conflict(
+    info: JobInfo, *, job: str, d: int, model: str, semantics: str, compressor: str
+) -> str | None:
+    """One line naming the job's value, the agent's and the fix; None when they fit."""
+    if info.job != job:
+        return None  # another job's announcement: not ours to judge
+    if info.d != d:
+        return (
+            f"job {job} has d={info.d} (AGG_D), this agent d={d}: run it with --features {info.d}"
+        )
+    if info.model != model:
+        return (
+            f"job {job} runs model {info.model!r} (AGG_MODEL), this agent {model!r}: "
+            f"run it with --model {info.model}"
+        )
+    if info.family is not None and family_of(semantics) != info.family:
+        return (
+            f"job {job} runs {info.feedback} (AGG_FEEDBACK, family {info.family}), this agent "
+            f"{semantics} (family {family_of(semantics)}): run the agent with "
+            f"{agent_flag(info.feedback)}"
+        )
+    if compressor not in info.compressors:
+        return (
+            f"job {job} accepts compressors {', '.join(info.compressors)}, this agent "
+            f"{compressor!r}: run it with --compressor {info.compressors[0]}"
+        )
+    return None
+
+
+def handled(agent: Agent, msg: Message) -> bool:
+    """True when ``msg`` is the job's announcement (on ``cat/<job>/job``, or a JSON
+    :class:`JobInfo` addressed to the agent); on a conflict the agent gives up."""
+    cfg = agent.config
+    if msg.topic != topics.job_info(cfg.job):
+        addressed = msg.topic == topics.to_agent(cfg.job, cfg.agent_id)
+        if not addressed or msg.payload[:1] != b"{":
+            return False
+    info = parse(msg.payload)
+    if info is None:
+        return False
+    line = conflict(
+        info,
+        job=cfg.job,
+        d=agent.model.d,
+        model=agent.model.kind,
+        semantics=agent.semantics,
+        compressor=cfg.compressor,
+    )
+    gave_up = f"agent {cfg.agent_id} does not fit the job: {line}"
+    if line is not None and agent.gave_up != gave_up:  # once, even after refusals ended it
+        log.error("this agent's settings do not fit the job: %s", line)
+        agent.gave_up = gave_up
+        agent.stop()
+    return True

@@ -1,0 +1,697 @@
+"""The agent loop: what runs on a device next to a radio.
+
+One :class:`Agent` owns a data shard, an exact copy of the model (a snapshot plus sparse
+deltas), a cost profile for its own link, a policy for T, optional error feedback, and a
+transport. Per model version it computes the local gradient, picks T, compresses, encodes
+and publishes one update tagged with that version, then waits for the next version.
+
+The loop is driven two ways with the same code: :meth:`Agent.run` (a real process: blocks
+on the transport, honours the duty cycle, re-sends on silence) and :meth:`Agent.handle` +
+:meth:`Agent.step` (the simulator pumps messages itself over ``memory://``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from edge_agent.agent import jobinfo
+from edge_agent.agent.answers import Answers
+from edge_agent.agent.replica import Replica
+from edge_agent.data import Dataset
+from edge_agent.errors import TransportError, WireFormatError
+from edge_agent.links.cost import ZERO, Cost, Traffic
+from edge_agent.links.profiles import CostProfile, MessageCost
+from edge_agent.numerics.compressors import Semantics, ValueDtype, compress
+from edge_agent.numerics.curvature import (
+    DIRECTIONAL_COMPRESSORS,
+    dense_curvature,
+    directional_step,
+    scale_for_step,
+    select_directional,
+)
+from edge_agent.numerics.feedback import FEEDBACK, Feedback
+from edge_agent.numerics.models import Model
+from edge_agent.numerics.selection import Policy, Price, make_price, parse_policy
+from edge_agent.protocol import messages, topics
+from edge_agent.protocol.downlink import Family, StateSnapshot, decode_downlink
+from edge_agent.protocol.wire import MAGIC, Snapshot, encode
+from edge_agent.transports import Message, Transport
+
+log = logging.getLogger("edge_agent")
+
+FloatArray = npt.NDArray[np.float64]
+FeedbackName = Literal["none", "ef", "ef21"]
+CurvatureName = Literal["global", "directional"]
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """What an agent does; everything else (data, model, link, transport) is passed in."""
+
+    job: str
+    agent_id: str
+    compressor: str = "topk"
+    policy: str = "cat"
+    feedback: FeedbackName = "none"
+    value_dtype: ValueDtype = "float32"
+    t_min: int = 1
+    t_max: int | None = None
+    seed: int = 0
+    #: Re-send the last update (same seq: the aggregator de-duplicates) or the hello after
+    #: this many seconds without a new model version; None: never (MQTT QoS 1 delivers).
+    resend_s: float | None = 10.0
+    #: "wait": stay silent as the profile's duty cycle demands; "ignore": only account it.
+    duty_cycle: Literal["wait", "ignore"] = "wait"
+    max_rounds: int | None = None
+    #: give up (``Agent.gave_up``) after this many refusals that cannot heal (answers.py)
+    max_refusals: int = 3
+    #: "global": the aggregator's 1/L step along every update, T from ``policy``;
+    #: "directional": T priced with the curvature along the direction sent, the update
+    #: scaled so that the 1/L step moves x by t q (semantics ``dir``; docs/curvature.md).
+    curvature: CurvatureName = "global"
+    mac_key: bytes | None = None  # sign every update with this key (edge_agent.protocol.mac)
+
+    def __post_init__(self) -> None:
+        if self.curvature not in ("global", "directional"):
+            raise ValueError(f"curvature must be 'global' or 'directional', got {self.curvature!r}")
+        if self.curvature == "global":
+            return
+        if self.compressor != "dense" and self.compressor not in DIRECTIONAL_COMPRESSORS:
+            raise ValueError(
+                f"curvature='directional' needs compressor dense, topk or signtopk, "
+                f"not {self.compressor!r}"
+            )
+        if self.feedback != "none":
+            raise ValueError(
+                f"curvature='directional' prices the gradient itself: use feedback='none', "
+                f"not {self.feedback!r} (the bound does not cover error-feedback memories)"
+            )
+        if self.compressor != "dense" and self.policy != "cat":
+            raise ValueError(
+                f"curvature='directional' picks T itself (CAT with the directional gain): "
+                f"use policy='cat', not {self.policy!r}"
+            )
+
+
+@dataclass
+class CostLedger:
+    """Everything this agent put on its link (``up``) and received (``down``), priced on
+    its own profile (units in the names; :class:`edge_agent.links.cost.Cost`).
+
+    ``up`` counts every message sent (updates, re-sends, hellos, status, requests),
+    ``down`` every message received from the aggregator (snapshots, steps, deltas,
+    control); ``update_cost`` is the part of ``up`` that was first sends of updates.
+    ``silence_s`` sums the duty-cycle silence owed after each send. The scalar fields
+    (``messages``, ``bits``, ``airtime_s``, ...) are the uplink's, as before.
+    """
+
+    up: Cost = ZERO
+    down: Cost = ZERO
+    update_cost: Cost = ZERO
+    bytes_on_air: int = 0
+    bytes_on_air_down: int = 0
+    silence_s: float = 0.0
+    #: the silence the senders of what it received owed afterwards (e.g. a LoRaWAN gateway)
+    sender_silence_s: float = 0.0
+
+    def add(self, cost: MessageCost, *, update: bool) -> None:
+        """Account one message sent."""
+        c = cost.cost
+        self.up = self.up + c
+        if update:
+            self.update_cost = self.update_cost + c
+        self.bytes_on_air += cost.bytes_on_air
+        self.silence_s += cost.silence_s
+
+    def received(self, cost: MessageCost) -> None:
+        """Account one message received."""
+        self.down = self.down + cost.cost
+        self.bytes_on_air_down += cost.bytes_on_air
+        self.sender_silence_s += cost.silence_s
+
+    @property
+    def traffic(self) -> Traffic:
+        return Traffic(self.up, self.down)
+
+    @property
+    def messages(self) -> int:
+        return self.up.messages
+
+    @property
+    def updates(self) -> int:
+        return self.update_cost.messages
+
+    @property
+    def size_bytes(self) -> int:
+        return self.up.bytes
+
+    @property
+    def packets(self) -> int:
+        return self.up.packets
+
+    @property
+    def bits(self) -> float:
+        return self.up.bits
+
+    @property
+    def airtime_s(self) -> float:
+        return self.up.airtime_s
+
+    @property
+    def energy_j(self) -> float:
+        return self.up.energy_j
+
+    def summary(self) -> dict[str, object]:
+        """JSON-able: uplink, downlink and total, plus updates and silence owed."""
+        return {
+            **self.traffic.to_dict(),
+            "updates": self.updates,
+            "bytes_on_air": self.bytes_on_air,
+            "bytes_on_air_down": self.bytes_on_air_down,
+            "silence_s": self.silence_s,
+        }
+
+
+@dataclass(frozen=True)
+class RoundLog:
+    """One update sent: its level, its cost on the link, and where the time went."""
+
+    round: int
+    seq: int
+    t: int
+    size_bytes: int
+    packets: int
+    airtime_s: float
+    energy_j: float
+    loss: float
+    grad_s: float
+    select_s: float
+    compress_s: float
+    encode_s: float
+    send_s: float
+
+    def line(self) -> str:
+        return (
+            f"round {self.round:>5}  T={self.t:<6} bytes={self.size_bytes:<7} "
+            f"packets={self.packets:<4} airtime={self.airtime_s:.4f}s "
+            f"energy={self.energy_j:.5f}J loss={self.loss:.6f}"
+        )
+
+
+@dataclass
+class AgentCounters:
+    """Inbound messages this agent dropped, by reason."""
+
+    dropped: dict[str, int] = field(default_factory=dict)
+    snapshots: int = 0
+    deltas: int = 0
+    steps: int = 0  # replicated steps messages applied
+    requests: int = 0
+    resends: int = 0
+    resets: int = 0  # EF21 state resets the aggregator asked for
+    #: refusals the aggregator sent this agent, by reason (a ``reset`` counts as ef21_reset)
+    refused: dict[str, int] = field(default_factory=dict)
+
+    def drop(self, reason: str) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+
+
+class Agent:
+    """A CAT edge agent. Not thread-safe: one thread drives it (``stop()`` is the exception)."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        model: Model,
+        data: Dataset,
+        profile: CostProfile,
+        transport: Transport,
+        smoothness: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        on_round: Callable[[RoundLog], None] | None = None,
+    ) -> None:
+        topics.validate_id(config.job, "job")
+        topics.validate_id(config.agent_id, "agent id")
+        self.config = config
+        self.model = model
+        self.data = data
+        self.profile = profile
+        self.transport = transport
+        self.clock = clock
+        self.on_round = on_round
+        self.rng = np.random.default_rng(config.seed)
+        self.policy: Policy = parse_policy(config.policy)
+        self.feedback: Feedback = FEEDBACK[config.feedback](model.d)
+        fit_rng = np.random.default_rng(config.seed)
+        self.smoothness = model.smoothness(data, rng=fit_rng) if smoothness is None else smoothness
+        #: what the updates carry: the feedback's semantics, or ``dir`` (family *mean*)
+        self.semantics: Semantics = (
+            "dir" if config.curvature == "directional" else self.feedback.semantics
+        )
+        family: Family = "ef21" if self.semantics == "ef21" else "mean"
+        #: the model copy, kept bit-identical to the aggregator's (or its broadcast model)
+        self.replica = Replica(model.d, family)
+        self.sent_version: int | None = None
+        self.seq = 0
+        self.rounds = 0
+        self.ledger = CostLedger()
+        self.counters = AgentCounters()
+        self.last_log: RoundLog | None = None
+        #: seconds spent per stage over all rounds (gradient, selection, compression, ...)
+        self.timings_s = dict.fromkeys(("grad", "select", "compress", "encode", "send"), 0.0)
+        self.paused = False
+        #: True once the work is over: the aggregator said stop, or max_rounds were answered.
+        self.finished = False
+        self.gave_up: str | None = None  # why it gave up (its settings do not fit the job)
+        self.answers = Answers(
+            config.job, config.agent_id, config.max_refusals, self.counters.refused, clock()
+        )
+        self._stop = threading.Event()
+        self._started = False
+        self._closed = False
+        self._last_blob: bytes | None = None
+        self._last_progress = clock()
+        self._quiet_until = 0.0
+        self._resend_wanted = False
+        self._outbox: list[tuple[str, bytes]] = []
+        self._outbox_stale_request = False
+        self._fresh = True
+        self._hello_interval_s = 1.0
+        self._topic_update = topics.update(config.job, config.agent_id)
+        self._topic_model = topics.model(config.job)
+        self._topic_delta = topics.delta(config.job)
+        self._topic_control = topics.control(config.job)
+        self._topic_request = topics.request(config.job, config.agent_id)
+        #: answers addressed to this agent alone (catch-up, snapshot, control)
+        self._topic_to = topics.to_agent(config.job, config.agent_id)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Connect, subscribe to the job's model topics, say hello, ask for the model."""
+        job, me = self.config.job, self.config.agent_id
+        self.transport.set_will(
+            topics.status(job, me), messages.dump(messages.Status(state="offline", agent=me))
+        )
+        self._started = True
+        self.transport.connect()
+        for pattern in topics.agent_subscriptions(job, me):
+            self.transport.subscribe(pattern)
+        self._say_hello()
+
+    def _say_hello(self) -> None:
+        job, me = self.config.job, self.config.agent_id
+        hello = messages.Hello(
+            job=job,
+            agent=me,
+            d=self.model.d,
+            rows=self.data.n_rows,
+            smoothness=self.smoothness,
+            model=self.model.kind,
+            compressor=self.config.compressor,
+            semantics=self.semantics,
+            policy=self.config.policy,
+            profile=self.profile.name,
+            objective=self.profile.objective,
+            fresh=self._fresh,
+            next_seq=self.seq,
+            version=self.version,
+        )
+        # no separate "online" status: a hello marks the agent online at the aggregator, and
+        # on a duty-cycled radio every message costs minutes of silence
+        self._send_control(topics.hello(job, me), messages.dump(hello))
+        if self.x is None:
+            self._request_snapshot()
+        self._last_progress = self.clock()
+
+    def _request_snapshot(self) -> None:
+        self._outbox_stale_request = self.x is None  # only wanted until a model arrives
+        self.counters.requests += 1
+        req = messages.Request(have=self.version)
+        self._send_control(
+            topics.request(self.config.job, self.config.agent_id), messages.dump(req)
+        )
+
+    def _send_control(self, topic: str, payload: bytes) -> None:
+        """Control traffic costs radio time too: it goes into the ledger (not as an update),
+        and under ``duty_cycle="wait"`` it waits, like updates, until the radio may send
+        (the newest message per topic is kept; :meth:`run` sends it when the silence ends)."""
+        if self.config.duty_cycle == "wait" and self.clock() < self._quiet_until:
+            self._outbox = [(t, p) for t, p in self._outbox if t != topic]
+            self._outbox.append((topic, payload))
+            return
+        self._publish(topic, payload, update=False)
+
+    def _publish(self, topic: str, payload: bytes, *, update: bool) -> MessageCost:
+        """Send one message, account it, and owe the radio's duty-cycle silence after it:
+        the radio may send again after ``airtime / duty_cycle`` seconds."""
+        self.transport.publish(topic, payload)
+        cost = self.profile.message_cost(len(payload))
+        self.ledger.add(cost, update=update)
+        now = self.clock()
+        self._quiet_until = max(self._quiet_until, now) + cost.airtime_s + cost.silence_s
+        owed, duty = self._quiet_until - now, self.profile.duty_cycle or 1.0
+        if self.config.duty_cycle == "wait" and owed >= 5.0:  # a few seconds: worth a line
+            log.info("radio silent for %.1f s (duty cycle %.3g %%)", owed, 100 * duty)
+        return cost
+
+    def _flush_outbox(self) -> None:
+        """Send the oldest waiting control message (one: each owes its own silence)."""
+        topic, payload = self._outbox.pop(0)
+        if topic == self._topic_request and self.x is not None and self._outbox_stale_request:
+            return  # the model arrived meanwhile: the request is no longer needed
+        self._publish(topic, payload, update=False)
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return (safe from a signal handler or another thread)."""
+        self._stop.set()
+
+    def close(self, state: Literal["offline", "done"] = "offline") -> None:
+        """Say goodbye (status), then close the transport, which flushes it; idempotent.
+
+        The goodbye is published even while the transport reports no connection: a ZeroMQ
+        agent may be between reconnects to a live aggregator (its close() waits a bounded
+        ``linger_ms`` for it), and without it a ZeroMQ aggregator shows the agent online
+        until its liveness timeout (MQTT's Last Will only says ``offline``).
+        """
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            quiet = self.config.duty_cycle == "wait" and self.clock() < self._quiet_until
+            if quiet:
+                log.info(
+                    "no goodbye: the radio owes %.1f s of duty-cycle silence",
+                    self._quiet_until - self.clock(),
+                )
+            if self._started and not quiet:
+                status = messages.Status(
+                    state=state, agent=self.config.agent_id, round=self.version
+                )
+                payload = messages.dump(status)
+                self.transport.publish(
+                    topics.status(self.config.job, self.config.agent_id), payload
+                )
+                # the goodbye goes on the air too: the ledger's ``up`` counts every message
+                self.ledger.add(self.profile.message_cost(len(payload)), update=False)
+        except TransportError as exc:  # the transport was closed under us: nothing to say
+            log.warning("could not say goodbye (%s): %s", state, exc)
+        finally:
+            self.transport.close()
+
+    # ------------------------------------------------------------------ inbound
+
+    def handle(self, msg: Message) -> None:
+        """Apply one inbound message. A bad one is counted, logged and dropped, never raised.
+
+        Whatever arrives was received over the radio: it is priced on the profile's
+        downlink part and goes into the ledger's ``down`` direction, applied or not."""
+        self.ledger.received(self.profile.downlink_cost(len(msg.payload)))
+        self.answers.heard(self.clock())
+        try:
+            if jobinfo.handled(self, msg):  # the job's settings: edge_agent/agent/jobinfo.py
+                return
+            if msg.topic == self._topic_delta or msg.topic == self._topic_model:
+                self._handle_model(msg.payload)
+            elif msg.topic == self._topic_control:
+                self._handle_control(messages.parse(messages.Control, msg.payload))
+            elif msg.topic == self._topic_to:  # binary: a model message, else JSON control
+                if msg.payload[:2] == MAGIC:
+                    self._handle_model(msg.payload)
+                else:
+                    self._handle_control(messages.parse(messages.Control, msg.payload))
+            else:
+                self.counters.drop("unexpected_topic")
+        except WireFormatError as exc:
+            self.counters.drop("malformed")
+            if self.counters.dropped["malformed"] == 1:
+                log.warning("dropped a malformed message on %s: %s", msg.topic, exc.reason)
+
+    @property
+    def x(self) -> FloatArray | None:
+        """This agent's model copy (None until the first snapshot)."""
+        return self.replica.x
+
+    @property
+    def version(self) -> int | None:
+        return self.replica.version
+
+    def _handle_model(self, payload: bytes) -> None:
+        m = decode_downlink(payload)
+        if m.job != self.config.job:
+            self.counters.drop("wrong_job")
+            return
+        had = self.replica.x is not None
+        refused = self.replica.apply(m)
+        if refused is None:
+            kind = type(m).__name__
+            if kind in ("Snapshot", "StateSnapshot"):
+                self.counters.snapshots += 1
+            elif kind == "Delta":
+                self.counters.deltas += 1
+            else:
+                self.counters.steps += 1
+            self._last_progress = self.clock()
+            return
+        if refused == "old" and isinstance(m, Snapshot | StateSnapshot):
+            self.counters.drop("old_snapshot")
+        elif refused == "old" or (refused == "no_model" and not had):
+            return  # already have it / a snapshot is on its way (we asked for it)
+        else:
+            self.counters.drop(refused)
+            if refused == "wrong_d":
+                log.error(
+                    "a model message has another d than this agent's model (%d)", self.model.d
+                )
+            else:  # version_gap, no_aggregate, ...: ask for what is missing
+                self._request_snapshot()
+
+    def _handle_control(self, ctl: messages.Control) -> None:
+        if ctl.cmd == "stop":
+            self.finished = True
+            self._stop.set()
+        elif ctl.cmd == "resync":
+            if ctl.version is None or self.version is None:
+                return
+            if ctl.version == self.version == self.sent_version:
+                # The aggregator restarted and may have lost the open round: the same
+                # bytes again (same seq), which it de-duplicates if it had them, as soon
+                # as the duty cycle allows.
+                self._resend_wanted = True
+                if self.config.duty_cycle == "ignore":
+                    self._resend()
+            elif ctl.version > self.version:
+                self._request_snapshot()
+        elif ctl.cmd == "reset":
+            if ctl.agent == self.config.agent_id:
+                self.answers.count("ef21_reset")
+                self._reset_state()
+        elif ctl.cmd == "refused":
+            if ctl.agent == self.config.agent_id:
+                self._refused(ctl.reason, ctl.detail)
+        else:  # pause | resume: logged when it changes
+            if (paused := ctl.cmd == "pause") != self.paused:
+                log.info("job paused: waiting for resume" if paused else "job resumed")
+            self.paused = paused
+
+    def _refused(self, reason: str, detail: str) -> None:
+        """Log and count a refusal; give up after too many that cannot heal; say hello
+        again when the aggregator does not know us (EF21 state it never saw restarts)."""
+        self.gave_up = self.answers.refusal(reason, detail) or self.gave_up  # jobinfo's stays
+        if self.gave_up is not None:
+            self._stop.set()
+        elif reason == "unknown_agent" and self.x is not None:
+            if self.feedback.semantics == "ef21":
+                self._reset_state()
+            else:
+                self._say_hello()
+
+    def _reset_state(self) -> None:
+        """The aggregator dropped its copy of our EF21 state (one of our changes reached it
+        too late to know whether it was applied): zero ours too and rejoin fresh. The update
+        it refused is answered again, from the zero state, once the hello is through."""
+        self.counters.resets += 1
+        log.warning("the aggregator reset this agent's error-feedback state; rejoining fresh")
+        self.feedback.reset()
+        self._last_blob = None  # never re-send a change computed from the old state
+        self.sent_version = None
+        self._fresh = True
+        self._say_hello()
+
+    # ------------------------------------------------------------------ outbound
+
+    @property
+    def due(self) -> bool:
+        """True when there is a model version this agent has not answered yet."""
+        return (
+            self.x is not None
+            and self.version != self.sent_version
+            and not self.paused
+            and not self.finished
+            and (self.config.max_rounds is None or self.rounds < self.config.max_rounds)
+        )
+
+    def step(self) -> RoundLog | None:
+        """If due, compute, compress, encode and publish one update; return its log."""
+        if not self.due:
+            return None
+        assert self.x is not None and self.version is not None
+        cfg = self.config
+        t0 = time.perf_counter()
+        loss, g = self.model.loss_grad(self.x, self.data)
+        t1 = time.perf_counter()
+        v = self.feedback.prepare(g)
+        price = make_price(
+            self.profile,
+            cfg.compressor,
+            d=v.size,
+            job=cfg.job,
+            agent=cfg.agent_id,
+            round=self.version,
+            seq=self.seq,
+            value_dtype=cfg.value_dtype,
+            mac=cfg.mac_key is not None,
+        )
+        step: float | None = None  # the directional step t along q, if any
+        if cfg.curvature == "directional":
+            t, order, step = self._choose_directional(v, price)
+        else:
+            chosen = self.policy.choose(v, cfg.compressor, price, self.rounds)
+            t = max(cfg.t_min, min(chosen.t, cfg.t_max or v.size, v.size))
+            order = (
+                chosen.indices if chosen.indices is not None and chosen.indices.size == t else None
+            )
+        t2 = time.perf_counter()
+        update = compress(
+            v, cfg.compressor, t, rng=self.rng, value_dtype=cfg.value_dtype, order=order
+        )
+        if step is not None:
+            update = scale_for_step(update, step, self.smoothness, value_dtype=cfg.value_dtype)
+        update = replace(update, semantics=self.semantics)  # shares the arrays
+        t3 = time.perf_counter()
+        # value_dtype: the signtopk scale travels in the configured dtype (the price assumed
+        # it, and the agent's memories and the directional step were rounded to it)
+        blob = encode(
+            update,
+            job=cfg.job,
+            agent=cfg.agent_id,
+            round=self.version,
+            seq=self.seq,
+            value_dtype=cfg.value_dtype,
+            mac_key=cfg.mac_key,
+        )
+        t4 = time.perf_counter()
+        cost = self._publish(self._topic_update, blob, update=True)
+        t5 = time.perf_counter()
+        # Only once the transport has it: the memory must match what the aggregator applies.
+        self.feedback.commit(v, update)
+        entry = RoundLog(
+            round=self.version,
+            seq=self.seq,
+            t=update.t,
+            size_bytes=len(blob),
+            packets=cost.packets,
+            airtime_s=cost.airtime_s,
+            energy_j=cost.energy_j,
+            loss=loss,
+            grad_s=t1 - t0,
+            select_s=t2 - t1,
+            compress_s=t3 - t2,
+            encode_s=t4 - t3,
+            send_s=t5 - t4,
+        )
+        for stage, seconds in zip(
+            self.timings_s, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True
+        ):
+            self.timings_s[stage] += seconds
+        self.sent_version = self.version
+        self.seq += 1
+        self.rounds += 1
+        self._fresh = False
+        self._last_blob = blob
+        self._last_progress = self.clock()
+        self.last_log = entry
+        if self.on_round is not None:
+            self.on_round(entry)
+        return entry
+
+    def _choose_directional(
+        self, g: FloatArray, price: Price
+    ) -> tuple[int, npt.NDArray[np.int64] | None, float]:
+        """T, its entries (None: dense) and the step t along q, from this agent's own rows:
+        CAT with the directional gain for topk/signtopk, ``1/L_g`` along g for dense."""
+        cfg = self.config
+        if cfg.compressor == "dense":
+            gg, bound = dense_curvature(g, self.model, self.data)
+            return g.size, None, directional_step(gg, bound)
+        sel = select_directional(
+            g, cfg.compressor, price, self.model, self.data, t_min=cfg.t_min, t_max=cfg.t_max
+        )
+        return sel.t, sel.indices, sel.step
+
+    def _resend(self) -> None:
+        self._resend_wanted = False
+        if self._last_blob is None:
+            return
+        self.counters.resends += 1
+        log.info("re-sending the update for round %s (no new model for a while)", self.sent_version)
+        self._publish(self._topic_update, self._last_blob, update=False)
+        self._last_progress = self.clock()
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self, *, poll_s: float = 0.05) -> None:
+        """Serve until stopped (control ``stop``, :meth:`stop`, or ``max_rounds`` answered)."""
+        while not self._stop.is_set():
+            self._drain(poll_s)
+            if self._stop.is_set() or not self._tick():
+                break
+
+    def _drain(self, poll_s: float) -> None:
+        """Handle what arrived (waiting up to ``poll_s`` for the first message)."""
+        msg = self.transport.recv(timeout_s=poll_s)
+        while msg is not None:
+            self.handle(msg)
+            msg = self.transport.recv(timeout_s=0)
+
+    def _tick(self) -> bool:
+        """Send at most one message, if any is due and the radio may send; False when the
+        work is over (its last update was applied: it says "done", not "offline")."""
+        cfg = self.config
+        now = self.clock()
+        if (
+            cfg.max_rounds is not None
+            and self.rounds >= cfg.max_rounds
+            and self.version != self.sent_version
+        ):
+            self.finished = True
+            return False
+        if cfg.duty_cycle == "wait" and now < self._quiet_until:
+            return True  # the radio owes silence: nothing may go out
+        if self._outbox:
+            self._flush_outbox()
+        elif self.due:
+            self.step()
+        elif self._resend_wanted:
+            self._resend()
+        elif self.x is None and now - self._last_progress >= self._hello_interval_s:
+            # No model yet: the aggregator may not be up, or missed the hello. Back off.
+            self.answers.hello_unanswered(now, self.transport.url)
+            self._say_hello()
+            self._hello_interval_s = min(2 * self._hello_interval_s, cfg.resend_s or 30.0)
+        elif self._silent_for_s(now) >= (cfg.resend_s or float("inf")):
+            self._resend()
+        return True
+
+    def _silent_for_s(self, now: float) -> float:
+        """Seconds without a new model version while holding one (0 without a model)."""
+        return 0.0 if self.x is None else now - self._last_progress

@@ -1,0 +1,656 @@
+"""``edge-agent``: the device command line (run, calibrate, profiles, data).
+
+Every subcommand has ``--help``; errors name the bad argument and the fix. Exit status:
+0 done; 2 a configuration error, which no restart heals (a bad flag, as argparse does;
+for ``run`` also an unknown profile, a missing data or password file, a bad server URL,
+and an aggregator that keeps refusing the agent's settings); 1 any other error (e.g. the
+broker is unreachable: worth a restart); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from edge_agent.cli.keys import add_keys_parser
+from edge_agent.cli.logs import LOG_FORMATS
+from edge_agent.cli.logs import configure as configure_logging
+from edge_agent.errors import CatEdgeError
+
+if TYPE_CHECKING:  # the agent's imports load only for `run`
+    from edge_agent.agent.loop import Agent
+
+log = logging.getLogger("edge_agent")
+
+DEFAULT_SERVER = "zmq+tcp://127.0.0.1:5555"
+#: the same default as the aggregator's AGG_JOB, so that defaults meet
+DEFAULT_JOB = "cat"
+#: exit status of a configuration error (systemd: RestartPreventExitStatus=2)
+EXIT_CONFIG = 2
+EPILOG = "Docs: README.md and docs/ in the cat-edge repository."
+LOG_FORMAT_HELP = "log lines as text (time level logger: message) or json (one object per line)"
+
+
+# --------------------------------------------------------------------------- run
+
+
+def _transport_options(args: argparse.Namespace) -> dict[str, object]:
+    scheme = args.server.split("://", 1)[0]
+    opts: dict[str, object] = {}
+    if scheme in ("mqtt", "mqtts"):
+        for name in ("username", "password_file", "ca_file", "cert_file", "key_file"):
+            value = getattr(args, name)
+            if value:
+                opts[name] = value
+        if os.environ.get("CAT_EDGE_MQTT_PASSWORD") and "password_file" not in opts:
+            opts["password_env"] = "CAT_EDGE_MQTT_PASSWORD"
+    elif scheme == "zmq+tcp":
+        if args.curve_server_key:
+            opts["curve_server_public_key_file"] = args.curve_server_key
+        if args.curve_secret_file:
+            opts["curve_client_secret_file"] = args.curve_secret_file
+    elif any(
+        getattr(args, n)
+        for n in ("username", "password_file", "ca_file", "curve_server_key", "curve_secret_file")
+    ):
+        raise CatEdgeError(
+            f"--server {args.server}: credentials and keys apply to mqtt://, mqtts:// or zmq+tcp:// only"
+        )
+    return opts
+
+
+class ConfigurationError(CatEdgeError):
+    """A setting of ``run`` is wrong (exit 2: restarting will not help)."""
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        agent = _build_agent(args)
+    except (CatEdgeError, OSError, ValueError) as exc:
+        raise ConfigurationError(_describe(exc)) from exc
+
+    def _on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("signal %s: stopping", signal.Signals(signum).name)
+        agent.stop()
+
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+    agent.start()
+    try:
+        agent.run()
+    finally:
+        agent.close("done" if agent.finished else "offline")
+    summary = run_summary(agent.config.agent_id, agent)
+    print(json.dumps(summary), flush=True)
+    if args.save_model and agent.x is not None:
+        np.save(args.save_model, agent.x)
+    if agent.gave_up is not None:
+        raise ConfigurationError(agent.gave_up)
+    return 0
+
+
+def _build_agent(args: argparse.Namespace) -> Agent:
+    """Everything ``run`` needs before it connects (each error here is a configuration error)."""
+    from edge_agent.agent.loop import Agent, AgentConfig
+    from edge_agent.data import load_dataset
+    from edge_agent.links.profiles import resolve_profile
+    from edge_agent.numerics.models import make_model
+    from edge_agent.protocol.mac import read_key
+    from edge_agent.transports import open_transport
+
+    profile = resolve_profile(args.profile)
+    data = load_dataset(args.data, n_features=args.features)
+    n_classes = args.classes
+    model = make_model(args.model, n_features=data.n_features, n_classes=n_classes, l2=args.l2)
+    agent_id = args.agent_id or socket.gethostname().split(".")[0]
+    config = AgentConfig(
+        job=args.job,
+        agent_id=agent_id,
+        compressor=args.compressor,
+        policy=args.policy,
+        feedback=args.feedback or ("none" if _directional(args) else "ef21"),
+        value_dtype=args.value_dtype,
+        seed=args.seed,
+        resend_s=None if args.resend_s <= 0 else args.resend_s,
+        duty_cycle=args.duty_cycle,
+        max_rounds=args.max_rounds,
+        curvature=args.curvature,
+        max_refusals=args.max_refusals,
+        mac_key=None if args.mac_key_file is None else read_key(args.mac_key_file),
+    )
+    transport = open_transport(
+        args.server,
+        role="agent",
+        client_id=f"cat-{args.job}-{agent_id}",
+        **_transport_options(args),
+    )
+    agent = Agent(
+        config,
+        model=model,
+        data=data,
+        profile=profile,
+        transport=transport,
+        on_round=None if args.quiet else (lambda entry: log.info("%s", entry.line())),
+    )
+    log.info(
+        "agent %s: job %s, %d rows x %d features, model %s (d=%d, L=%.4g), %s/%s on %s (objective %s), server %s",
+        agent_id,
+        args.job,
+        data.n_rows,
+        data.n_features,
+        model.kind,
+        model.d,
+        agent.smoothness,
+        args.compressor,
+        args.policy,
+        profile.name,
+        profile.objective,
+        args.server,
+    )
+    return agent
+
+
+def run_summary(agent_id: str, agent: Agent) -> dict[str, Any]:
+    """The JSON line ``edge-agent run`` ends with: progress, and the ledger both ways.
+
+    ``up``/``down``/``total`` are :class:`edge_agent.links.cost.Cost` dicts (what the agent sent,
+    received, and their sum, priced on its own profile); ``updates``, ``bytes_on_air``,
+    ``bytes_on_air_down``, ``silence_s`` as in ``CostLedger.summary``; ``size_bytes`` is the
+    uplink's bytes, kept for older readers.
+    """
+    return {
+        "agent": agent_id,
+        "finished": agent.finished,
+        "rounds": agent.rounds,
+        "version": agent.version,
+        **agent.ledger.summary(),
+        "size_bytes": agent.ledger.size_bytes,
+        "dropped": agent.counters.dropped,
+        "timings_s": agent.timings_s,
+        "peak_rss_mb": _peak_rss_mb(),
+    }
+
+
+def _peak_rss_mb() -> float | None:
+    """Peak resident memory of this process (VmHWM; ru_maxrss would include a forking parent's)."""
+    with contextlib.suppress(OSError):  # not Linux: no figure rather than a wrong one
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    return None
+
+
+# --------------------------------------------------------------------------- profiles
+
+
+def cmd_profiles(args: argparse.Namespace) -> int:
+    from edge_agent.links.profiles import list_profiles, resolve_profile
+    from edge_agent.numerics.selection import make_price, select
+    from edge_agent.protocol.wire import encoded_size
+
+    profiles = (
+        [resolve_profile(p) for p in args.profile] if args.profile else list_profiles(args.dir)
+    )
+    if args.gradient:
+        g = np.load(args.gradient).astype(np.float64).ravel()
+    else:
+        rng = np.random.default_rng(args.seed)
+        g = rng.standard_normal(args.d) * rng.pareto(1.5, args.d)
+    d = g.size
+    rows = []
+    for p in profiles:
+        price = make_price(p, args.compressor, d=d, job="job", agent="agent")
+        sel = select(g, args.compressor, price) if args.compressor != "dense" else None
+        t = sel.t if sel else d
+        size = int(
+            encoded_size(args.compressor, d=d, t=t, job="job", agent="agent", round=0, seq=0)
+        )
+        dense_size = int(encoded_size("dense", d=d, t=d, job="job", agent="agent", round=0, seq=0))
+        c, dc = p.message_cost(size), p.message_cost(dense_size)
+        objective = p.objective
+        # receiving the dense model once (what a dense broadcast costs this device), and the
+        # network's daily downlink cap (None: no cap); a profile without a downlink part is symmetric
+        down_dense = p.downlink_cost(dense_size)
+        rows.append(
+            {
+                "profile": p.name,
+                "kind": p.kind,
+                "objective": objective,
+                "max_payload_bytes": p.max_payload_bytes,
+                "duty_cycle": p.duty_cycle,
+                "t": t,
+                "size_bytes": size,
+                "packets": c.packets,
+                "airtime_s": c.airtime_s,
+                "energy_j": c.energy_j,
+                "dense_size_bytes": dense_size,
+                "cost_vs_dense": getattr(c, objective if objective != "packets" else "packets")
+                / max(getattr(dc, objective if objective != "packets" else "packets"), 1e-300),
+                "downlink_dense_cost": getattr(down_dense.cost, objective),
+                "downlink_dense_packets": down_dense.packets,
+                "max_downlinks_per_day": p.max_downlinks_per_day,
+            }
+        )
+    if args.json:
+        for row in rows:
+            print(json.dumps(row))
+        return 0
+    print(
+        f"CAT choice for d={d} ({args.compressor}, {'gradient ' + args.gradient if args.gradient else 'synthetic heavy-tailed gradient'}):"
+    )
+    head = (
+        f"{'profile':<36} {'objective':<10} {'T*':>7} {'bytes':>8} {'pkts':>5} {'airtime_s':>10} "
+        f"{'energy_j':>10} {'vs dense':>9} {'down dense':>10} {'down/day':>8}"
+    )
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        cap = r["max_downlinks_per_day"]
+        print(
+            f"{r['profile']:<36} {r['objective']:<10} {r['t']:>7} {r['size_bytes']:>8} {r['packets']:>5} "
+            f"{r['airtime_s']:>10.4g} {r['energy_j']:>10.4g} {r['cost_vs_dense']:>9.2e} "
+            f"{r['downlink_dense_cost']:>10.4g} {'-' if cap is None else cap:>8}"
+        )
+    print(
+        "down dense: receiving one dense model message, in the objective's unit; "
+        "down/day: the network's downlink cap per day (-: none)"
+    )
+    return 0
+
+
+# --------------------------------------------------------------------------- data
+
+
+def cmd_data_generate(args: argparse.Namespace) -> int:
+    from edge_agent.data import make_rcv1_like, write_libsvm, write_npz
+
+    rng = np.random.default_rng(args.seed)
+    ds = make_rcv1_like(args.rows, args.features, rng=rng, idf=not args.no_idf)
+    return _write_shards(ds, args, write_libsvm if args.format == "svm" else write_npz, rng)
+
+
+def cmd_data_split(args: argparse.Namespace) -> int:
+    from edge_agent.data import load_dataset, write_libsvm, write_npz
+
+    ds = load_dataset(args.file)
+    rng = np.random.default_rng(args.seed)
+    return _write_shards(ds, args, write_libsvm if args.format == "svm" else write_npz, rng)
+
+
+def _write_shards(ds: Any, args: argparse.Namespace, writer: Any, rng: np.random.Generator) -> int:
+    from edge_agent.data import split_shards
+
+    out = Path(args.out)
+    names = [f"shard-{i:03d}.{args.format}" for i in range(max(args.shards, 1))]
+    names += [f"full.{args.format}"] if args.full else []
+    existing = [name for name in names if (out / name).exists()]
+    if existing and not args.force:
+        raise CatEdgeError(
+            f"{out} already holds {', '.join(existing)}; pass --force to overwrite them, "
+            "or choose another --out"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    shards = split_shards(ds, args.shards, how=args.how, rng=rng) if args.shards > 1 else [ds]
+    for name, shard in zip(names, shards, strict=False):
+        path = out / name
+        writer(shard, path)
+        print(f"{path}: {shard.n_rows} rows x {shard.n_features} features")
+    if args.full:
+        path = out / names[-1]
+        writer(ds, path)
+        print(f"{path}: {ds.n_rows} rows x {ds.n_features} features (all shards, for evaluation)")
+    return 0
+
+
+# --------------------------------------------------------------------------- calibrate
+
+
+def cmd_calibrate_serve(args: argparse.Namespace) -> int:
+    from edge_agent.links.calibrate import serve_echo
+
+    serve_echo(args.bind, max_requests=args.max_requests)
+    return 0
+
+
+def cmd_calibrate_measure(args: argparse.Namespace) -> int:
+    from edge_agent.links.calibrate import measure_link, write_measured_profile
+
+    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else None
+    points = measure_link(args.peer, sizes=sizes, repeats=args.repeats, timeout_s=args.timeout_s)
+    profile, fit = write_measured_profile(
+        points,
+        name=args.name,
+        out=args.out,
+        power_w=args.power_w,
+        overhead_bytes=args.overhead_bytes,
+    )
+    for p in points:
+        print(f"{p.size_bytes:>7} B  one-way {p.seconds * 1e3:9.3f} ms (median of {args.repeats})")
+    print(f"affine fit: cost_s = {fit[0]:.6g} + {fit[1]:.6g} * bytes")
+    print(f"wrote {args.out} (profile {profile.name}, objective {profile.objective})")
+    return 0
+
+
+# --------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    fmt = DefaultsFormatter
+    parser = argparse.ArgumentParser(
+        prog="edge-agent",
+        description="cat-edge device agent: train with communication-aware adaptive compression (CAT).",
+        epilog=EPILOG,
+        formatter_class=fmt,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    parser.add_argument(
+        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+    )
+    parser.add_argument("--log-format", default="text", choices=LOG_FORMATS, help=LOG_FORMAT_HELP)
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="{run,profiles,data,calibrate,keys}"
+    )
+
+    run = sub.add_parser(
+        "run", help="join a job and train on a local data shard", formatter_class=fmt, epilog=EPILOG
+    )
+    run.add_argument(  # also after `run`, where the systemd unit's flags are
+        "--log-format", default=argparse.SUPPRESS, choices=LOG_FORMATS, help=LOG_FORMAT_HELP
+    )
+    run.add_argument(
+        "--profile",
+        required=True,
+        help="cost profile of this device's link: a JSON file or a shipped profile name (see `edge-agent profiles`)",
+    )
+    run.add_argument(
+        "--server",
+        default=DEFAULT_SERVER,
+        help="aggregator/broker URL: zmq+tcp://host:port, mqtt://host:port, mqtts://host:port",
+    )
+    run.add_argument(
+        "--job",
+        default=DEFAULT_JOB,
+        help="job id ([A-Za-z0-9._-]): the aggregator's AGG_JOB, whose default is the same",
+    )
+    run.add_argument("--agent-id", default=None, help="this agent's id (default: the host name)")
+    run.add_argument(
+        "--data", required=True, help="local data shard: LIBSVM (.svm/.libsvm/.txt), .npz or .csv"
+    )
+    run.add_argument(
+        "--features",
+        type=int,
+        default=None,
+        help="number of features of the job's model (pads a shard that lacks the last features)",
+    )
+    run.add_argument("--model", default="logreg", choices=["logreg", "lsq", "softmax"])
+    run.add_argument("--classes", type=int, default=2, help="classes (softmax)")
+    run.add_argument(
+        "--l2", type=float, default=1e-3, help="l2 regularisation (must match the aggregator's)"
+    )
+    run.add_argument("--compressor", default="topk", choices=["dense", "topk", "signtopk", "randk"])
+    run.add_argument(
+        "--policy", default="cat", help="how T is chosen: cat | fixed:T | dynamic | hybrid:S"
+    )
+    run.add_argument(
+        "--feedback",
+        default=None,
+        choices=["none", "ef", "ef21"],
+        help="error feedback; the aggregator's AGG_FEEDBACK (default ef21) sets the job's family, ef21 or plain "
+        "(none, ef): others must match (default: ef21, which converges with many agents; "
+        "none with --curvature directional)",
+    )
+    run.add_argument(
+        "--curvature",
+        default="global",
+        choices=["global", "directional"],
+        help="global: T from --policy, the aggregator steps 1/L along every update; "
+        "directional: T priced with a bound on the curvature of this shard's objective along "
+        "the direction sent, and the update scaled so the aggregator's 1/L step moves x by "
+        "the best step along it (semantics 'dir'; dense: step 1/L_g). Needs --feedback none, "
+        "--policy cat and compressor dense, topk or signtopk; guaranteed for one agent only "
+        "(docs/curvature.md)",
+    )
+    run.add_argument("--value-dtype", default="float32", choices=["float32", "float16", "float64"])
+    run.add_argument(
+        "--duty-cycle",
+        default="wait",
+        choices=["wait", "ignore"],
+        help="wait: stay silent as the profile's duty cycle demands; ignore: only account it (loopback tests)",
+    )
+    run.add_argument(
+        "--resend-s",
+        type=float,
+        default=10.0,
+        help="re-send the last update after this many silent seconds (0: never)",
+    )
+    run.add_argument(
+        "--max-rounds", type=int, default=None, help="stop after answering this many rounds"
+    )
+    run.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of this agent's random choices (randk, power iteration)",
+    )
+    run.add_argument(
+        "--max-refusals",
+        type=int,
+        default=3,
+        help="exit (status 2) after the aggregator refused this agent's settings this many "
+        "times (wrong d, model, compressor or feedback family)",
+    )
+    run.add_argument("--save-model", default=None, help="write the final model copy here (.npy)")
+    run.add_argument("--quiet", action="store_true", help="no per-round log line")
+    sec = run.add_argument_group("credentials (never defaults; secrets from files or environment)")
+    sec.add_argument("--username", default=None, help="MQTT user name")
+    sec.add_argument(
+        "--password-file",
+        default=None,
+        help="file holding the MQTT password (or set CAT_EDGE_MQTT_PASSWORD)",
+    )
+    sec.add_argument("--ca-file", default=None, help="CA certificate for mqtts://")
+    sec.add_argument("--cert-file", default=None, help="client certificate for mqtts://")
+    sec.add_argument("--key-file", default=None, help="client key for mqtts://")
+    sec.add_argument(
+        "--zmq-server-key-file",
+        "--curve-server-key",
+        dest="curve_server_key",
+        default=None,
+        help="file with the aggregator's CurveZMQ public key (z85): encrypts, and checks "
+        "that the server is the aggregator",
+    )
+    sec.add_argument(
+        "--zmq-secret-key-file",
+        "--curve-secret-file",
+        dest="curve_secret_file",
+        default=None,
+        help="this agent's CurveZMQ secret key file (`edge-agent keys zmq`); needed when the "
+        "aggregator admits listed agent keys only (AGG_ZMQ_AGENTS_DIR)",
+    )
+    sec.add_argument(
+        "--mac-key-file",
+        type=Path,
+        default=None,
+        help="sign every update with this agent's MAC key (`edge-agent keys mac`; the "
+        "aggregator holds a copy in AGG_MAC_KEYS_DIR)",
+    )
+    run.set_defaults(func=cmd_run)
+
+    add_keys_parser(sub, fmt)
+
+    prof = sub.add_parser(
+        "profiles",
+        help="list cost profiles and the T CAT would pick on each",
+        formatter_class=fmt,
+        epilog=EPILOG,
+    )
+    prof.add_argument(
+        "profile", nargs="*", help="profile files or names (default: every shipped profile)"
+    )
+    prof.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="profile directory (default: the shipped cost_profiles/)",
+    )
+    prof.add_argument("--d", type=int, default=47236, help="model dimension")
+    prof.add_argument(
+        "--compressor", default="topk", choices=["dense", "topk", "signtopk", "randk"]
+    )
+    prof.add_argument(
+        "--gradient", default=None, help="a gradient (.npy) to price instead of a synthetic one"
+    )
+    prof.add_argument("--seed", type=int, default=0)
+    prof.add_argument("--json", action="store_true", help="one JSON object per profile")
+    prof.set_defaults(func=cmd_profiles)
+
+    data = sub.add_parser(
+        "data",
+        help="generate synthetic shards or split a data file",
+        formatter_class=fmt,
+        epilog=EPILOG,
+    )
+    dsub = data.add_subparsers(dest="data_command", required=True, metavar="{generate,split}")
+    for name, helptext in (
+        ("generate", "generate an RCV1-like sparse set and split it"),
+        ("split", "split a LIBSVM/.npz/.csv file into shards"),
+    ):
+        p = dsub.add_parser(name, help=helptext, formatter_class=fmt)
+        if name == "generate":
+            p.add_argument("--rows", type=int, default=2000)
+            p.add_argument("--features", type=int, default=47236)
+            p.add_argument(
+                "--no-idf",
+                action="store_true",
+                help="values log-tf only (no idf weighting) before the unit-norm scaling",
+            )
+            p.set_defaults(func=cmd_data_generate)
+        else:
+            p.add_argument("file", help="data file to split")
+            p.set_defaults(func=cmd_data_split)
+        p.add_argument("--shards", type=int, default=1, help="number of agent shards")
+        p.add_argument(
+            "--how", default="iid", choices=["iid", "label"], help="iid, or skewed by label"
+        )
+        p.add_argument("--out", required=True, help="output directory")
+        p.add_argument("--format", default="svm", choices=["svm", "npz"])
+        p.add_argument(
+            "--full",
+            action="store_true",
+            help="also write the whole set (for the aggregator's evaluation)",
+        )
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument(
+            "--force", action="store_true", help="overwrite shards already in --out (else: exit 1)"
+        )
+
+    cal = sub.add_parser(
+        "calibrate",
+        help="measure a real link and write a measured cost profile",
+        formatter_class=fmt,
+        epilog=EPILOG,
+    )
+    csub = cal.add_subparsers(dest="calibrate_command", required=True, metavar="{serve,measure}")
+    srv = csub.add_parser(
+        "serve", help="run the echo peer (on the other end of the link)", formatter_class=fmt
+    )
+    srv.add_argument("--bind", default="tcp://127.0.0.1:5599", help="ZeroMQ endpoint to bind")
+    srv.add_argument("--max-requests", type=int, default=None, help="exit after this many echoes")
+    srv.set_defaults(func=cmd_calibrate_serve)
+    mea = csub.add_parser(
+        "measure",
+        help="send 16 B .. 64 KiB payloads to the peer, fit, write a profile",
+        formatter_class=fmt,
+    )
+    mea.add_argument(
+        "--peer", required=True, help="ZeroMQ endpoint of the echo peer, e.g. tcp://10.0.0.2:5599"
+    )
+    mea.add_argument("--name", required=True, help="profile name ([A-Za-z0-9_.-])")
+    mea.add_argument("--out", required=True, help="profile file to write (.json)")
+    mea.add_argument(
+        "--sizes",
+        default=None,
+        help="comma-separated payload sizes in bytes (default 16..65536, powers of two)",
+    )
+    mea.add_argument(
+        "--repeats", type=int, default=20, help="round trips per size (the median is used)"
+    )
+    mea.add_argument(
+        "--timeout-s", type=float, default=5.0, help="give up on a round trip after this long"
+    )
+    mea.add_argument(
+        "--power-w",
+        type=float,
+        default=None,
+        help="radio power while sending (W): adds energy_j = power * time",
+    )
+    mea.add_argument(
+        "--overhead-bytes", type=int, default=0, help="framing bytes per message not in the payload"
+    )
+    mea.set_defaults(func=cmd_calibrate_measure)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    configure_logging(args.log_format, args.log_level)
+    try:
+        return int(args.func(args))
+    except ConfigurationError as exc:
+        print(f"edge-agent {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except (CatEdgeError, FileNotFoundError, PermissionError, IsADirectoryError, ValueError) as exc:
+        print(f"edge-agent {args.command}: error: {_describe(exc)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _directional(args: argparse.Namespace) -> bool:
+    """``--curvature directional`` prices the gradient itself: no error feedback by default."""
+    return bool(getattr(args, "curvature", "global") == "directional")
+
+
+def _describe(exc: Exception) -> str:
+    """One line for an error: an OSError names its file and the system's reason."""
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return f"{exc.filename}: {exc.strerror}"
+    return str(exc)
+
+
+class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a flag's default, unless there is none to show (None, a store_true flag's
+    False) or the help text already says it ("default ...")."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default in (None, False) or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
+def package_version() -> str:
+    """The installed cat-edge version (``pyproject.toml``), or "unknown" from a bare checkout."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("cat-edge")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

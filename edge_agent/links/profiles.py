@@ -1,0 +1,669 @@
+"""Cost profiles: what one message costs on one link.
+
+A cost profile (a JSON file in ``cost_profiles/``, one link per file) turns the
+size of an encoded update into its cost on a radio or network link. For a
+message whose encoding is ``B`` application bytes (docs/cost-profiles.md and
+docs/algorithm.md, "The cost of a message on a link")::
+
+    B_link       = B + message_overhead_bytes            # application framing, e.g. MQTT PUBLISH
+    packets      = ceil(B_link / max_payload_bytes)
+    cost(metric) = per_message[metric] + per_packet[metric] * packets
+                   + per_byte[metric] * B_link
+    bytes_on_air = B_link + packets * per_packet_overhead_bytes
+
+Metrics and units: ``bits`` (bits on the link), ``packets`` (link packets),
+``airtime_s`` (seconds the radio is busy), ``energy_j`` (joules). CAT maximises
+gain per unit of the profile's ``objective`` metric.
+
+Three kinds share one schema (discriminator ``kind``):
+
+- ``packet``: the formula above;
+- ``affine``: ``cost(metric) = a + b * B_link`` per metric (a fit, as the paper's
+  ZeroMQ-over-TCP cost);
+- ``measured``: piecewise-linear through measured points, as written by
+  ``edge-agent calibrate``.
+
+Every cost is nondecreasing in the message size. This module does no I/O apart
+from reading and writing profile files in ``load_profile``/``save_profile``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import sysconfig
+from abc import abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Annotated, Any, Final, Literal, TypeAlias, overload
+
+import numpy as np
+from numpy.typing import NDArray
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    PrivateAttr,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
+
+from edge_agent.errors import ProfileError
+from edge_agent.links.cost import METRICS, Cost, Direction, Metric
+from edge_agent.links.profile_errors import ProfileSchema, profile_error
+
+__all__ = [
+    "METRICS",
+    "PROFILES_DIR_ENV",
+    "AffineCoefficients",
+    "AffineProfile",
+    "CostProfile",
+    "DownlinkPart",
+    "MeasuredPoint",
+    "MeasuredProfile",
+    "MessageCost",
+    "Metric",
+    "PacketProfile",
+    "default_profiles_dir",
+    "list_profiles",
+    "load_profile",
+    "parse_profile",
+    "profile_to_json",
+    "resolve_profile",
+    "save_profile",
+]
+
+KINDS: Final[tuple[str, ...]] = ("packet", "affine", "measured")
+
+PROFILES_DIR_ENV: Final = "CAT_EDGE_PROFILES_DIR"
+"""Environment variable that overrides the default profiles directory."""
+
+IntArray: TypeAlias = NDArray[np.int64]
+FloatArray: TypeAlias = NDArray[np.float64]
+CostValue: TypeAlias = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+"""A finite cost >= 0 in the metric's unit."""
+MetricCosts: TypeAlias = dict[Metric, CostValue]
+
+_NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
+
+@dataclass(frozen=True, slots=True)
+class MessageCost:
+    """What one message costs on a link.
+
+    ``size_bytes``: application bytes (the encoded update); ``link_bytes``: plus the
+    profile's message overhead; ``packets``: number of link packets the message is split
+    into (a count, not the ``packets`` metric); ``bytes_on_air``: link bytes plus the
+    per-packet overhead of every packet. ``bits``, ``airtime_s`` (seconds) and
+    ``energy_j`` (joules) are the profile's costs for those metrics (0.0 where the
+    profile does not define them). ``silence_s``: seconds the radio must stay silent
+    after this message under the profile's duty cycle (0.0 without a duty cycle).
+    """
+
+    size_bytes: int
+    link_bytes: int
+    packets: int
+    bytes_on_air: int
+    bits: float
+    airtime_s: float
+    energy_j: float
+    silence_s: float
+
+    @property
+    def cost(self) -> Cost:
+        """This message as a :class:`edge_agent.links.cost.Cost` (one message), for adding up."""
+        return Cost(1, self.size_bytes, self.bits, self.packets, self.airtime_s, self.energy_j)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class AffineCoefficients(_Frozen):
+    """``cost = a + b * B_link``: ``a`` in metric units, ``b`` in metric units per byte."""
+
+    a: CostValue
+    b: CostValue
+
+
+class MeasuredPoint(_Frozen):
+    """One measurement: the cost of a message of ``size_bytes`` link bytes, per metric."""
+
+    size_bytes: NonNegativeInt
+    bits: CostValue | None = None
+    packets: CostValue | None = None
+    airtime_s: CostValue | None = None
+    energy_j: CostValue | None = None
+
+    def defined(self) -> frozenset[Metric]:
+        """The metrics this point gives a value for."""
+        return frozenset(m for m in METRICS if getattr(self, m) is not None)
+
+
+class DownlinkPart(_Frozen):
+    """What *receiving* a message costs the device, and the caps its network sets.
+
+    Same formula as a ``packet`` profile, on the downlink's own numbers: for a message of
+    ``B`` application bytes, ``B_link = B + message_overhead_bytes``, ``packets =
+    ceil(B_link / max_payload_bytes)`` (one packet when ``max_payload_bytes`` is None),
+    ``cost(metric) = per_message + per_packet * packets + per_byte * B_link``: bits
+    received, downlink packets, the downlink's airtime (seconds the device's radio listens
+    to it) and the device's energy at its receive current (joules).
+
+    ``sender_duty_cycle``: the duty cycle the *sender* of downlinks must keep (a LoRaWAN
+    gateway's sub-band, for example); the aggregator paces what it sends to this device
+    accordingly. ``max_messages_per_day``: the network's cap on downlinks to one device per
+    day (community LoRaWAN networks: about 10, Sigfox: 4). None: no such limit.
+    """
+
+    max_payload_bytes: PositiveInt | None = None
+    message_overhead_bytes: NonNegativeInt = 0
+    per_packet_overhead_bytes: NonNegativeInt = 0
+    per_message: MetricCosts = Field(default_factory=dict)
+    per_packet: MetricCosts = Field(default_factory=dict)
+    per_byte: MetricCosts = Field(default_factory=dict)
+    sender_duty_cycle: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    max_messages_per_day: PositiveInt | None = None
+    estimated: tuple[str, ...] = ()
+    notes: str | None = None
+
+    def packet_count(self, link_bytes: IntArray) -> IntArray:
+        if self.max_payload_bytes is None:
+            return np.ones_like(link_bytes)
+        return _ceil_div(link_bytes, self.max_payload_bytes)
+
+    def metric_cost(self, metric: Metric, link_bytes: IntArray) -> FloatArray:
+        """Cost of ``metric`` for received messages of ``link_bytes`` bytes (vectorised)."""
+        out = self.per_byte.get(metric, 0.0) * link_bytes.astype(np.float64)
+        out += self.per_message.get(metric, 0.0)
+        per_packet = self.per_packet.get(metric, 0.0)
+        if per_packet:
+            out += per_packet * self.packet_count(link_bytes)
+        return out
+
+    def sender_silence_s(self, airtime_s: float) -> float:
+        """Seconds the sender must stay silent after ``airtime_s`` of downlink."""
+        if self.sender_duty_cycle is None:
+            return 0.0
+        return airtime_s * (1.0 / self.sender_duty_cycle - 1.0)
+
+
+class CostProfile(_Frozen):
+    """Base of the three profile kinds; use ``load_profile`` or ``parse_profile`` to build one.
+
+    Sizes are in bytes (application bytes unless said otherwise); costs are in the
+    metric's unit: bits, packets, seconds (``airtime_s``) or joules (``energy_j``).
+    """
+
+    kind: str
+    name: Annotated[str, Field(pattern=_NAME_PATTERN)]
+    description: str
+    objective: Metric
+    sources: tuple[str, ...] = ()
+    estimated: tuple[str, ...] = ()
+    duty_cycle: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    notes: str | None = None
+    message_overhead_bytes: NonNegativeInt = 0
+    """Application framing added once per message (bytes), e.g. MQTT PUBLISH header + topic."""
+    per_packet_overhead_bytes: NonNegativeInt = 0
+    """Header bytes each link packet adds on air; only reported in ``bytes_on_air``."""
+    max_payload_bytes: PositiveInt | None = None
+    """Largest link payload of one packet in bytes; None: one packet per message."""
+    downlink: DownlinkPart | None = None
+    """What receiving costs; None: a symmetric link (receiving a message costs what sending
+    it would, with no downlink caps)."""
+
+    # --- per-kind hooks -------------------------------------------------------------
+
+    @abstractmethod
+    def defined_metrics(self) -> frozenset[Metric]:
+        """Metrics whose cost is not identically zero."""
+
+    @abstractmethod
+    def _packet_count(self, link_bytes: IntArray) -> IntArray:
+        """Number of link packets for messages of ``link_bytes`` bytes."""
+
+    @abstractmethod
+    def _metric_cost(self, metric: Metric, link_bytes: IntArray) -> FloatArray:
+        """Cost of ``metric`` for messages of ``link_bytes`` bytes (vectorised)."""
+
+    @property
+    @abstractmethod
+    def packet_stepped(self) -> bool:
+        """True when the objective cost is a step function of the packet count."""
+
+    # --- shared validation ----------------------------------------------------------
+
+    @model_validator(mode="after")
+    def _check_objective_and_duty(self) -> CostProfile:
+        defined = self.defined_metrics()
+        if self.objective not in defined:
+            have = ", ".join(m for m in METRICS if m in defined) or "none"
+            raise ValueError(
+                f"objective: {self.objective!r} is not defined by this profile "
+                f"(it costs 0 at every size); metrics with a cost: {have}"
+            )
+        if self.duty_cycle is not None and "airtime_s" not in defined:
+            raise ValueError("duty_cycle: a duty cycle needs an airtime_s cost, which is 0 here")
+        return self
+
+    # --- public API -----------------------------------------------------------------
+
+    def link_bytes(self, size_bytes: int) -> int:
+        """Bytes on the link before packet headers: ``size_bytes + message_overhead_bytes``."""
+        return _check_size(size_bytes) + self.message_overhead_bytes
+
+    def cost(self, size_bytes: int) -> dict[str, float]:
+        """Cost of one message of ``size_bytes`` application bytes, for every metric in METRICS.
+
+        Units: bits, packets, seconds, joules; 0.0 for metrics the profile does not define.
+        """
+        link = np.array([self.link_bytes(size_bytes)], dtype=np.int64)
+        return {m: float(self._metric_cost(m, link)[0]) for m in METRICS}
+
+    @overload
+    def objective_cost(self, size_bytes: int | np.integer[Any]) -> float: ...
+
+    @overload
+    def objective_cost(self, size_bytes: NDArray[np.integer[Any]]) -> FloatArray: ...
+
+    def objective_cost(
+        self, size_bytes: int | np.integer[Any] | NDArray[np.integer[Any]]
+    ) -> float | FloatArray:
+        """Cost in the objective's unit of messages of ``size_bytes`` application bytes.
+
+        Vectorised: an integer array of sizes gives a float64 array of the same shape
+        (no Python loop); a scalar gives a float.
+        """
+        sizes = np.asarray(size_bytes)
+        if not np.issubdtype(sizes.dtype, np.integer):
+            raise TypeError(f"size_bytes must be integers (bytes), got dtype {sizes.dtype}")
+        if sizes.size and int(sizes.min()) < 0:
+            raise ValueError(f"size_bytes must be >= 0, got {int(sizes.min())}")
+        link = sizes.astype(np.int64) + self.message_overhead_bytes
+        out = self._metric_cost(self.objective, link.reshape(-1)).reshape(link.shape)
+        if out.ndim == 0:
+            return float(out)
+        return out
+
+    def message_cost(self, size_bytes: int) -> MessageCost:
+        """Full accounting of one message of ``size_bytes`` application bytes."""
+        link_bytes = self.link_bytes(size_bytes)
+        link = np.array([link_bytes], dtype=np.int64)
+        packets = int(self._packet_count(link)[0])
+        costs = {m: float(self._metric_cost(m, link)[0]) for m in METRICS}
+        return MessageCost(
+            size_bytes=int(size_bytes),
+            link_bytes=link_bytes,
+            packets=packets,
+            bytes_on_air=link_bytes + packets * self.per_packet_overhead_bytes,
+            bits=costs["bits"],
+            airtime_s=costs["airtime_s"],
+            energy_j=costs["energy_j"],
+            silence_s=self.silence_s(costs["airtime_s"]),
+        )
+
+    def downlink_cost(self, size_bytes: int) -> MessageCost:
+        """What receiving one message of ``size_bytes`` application bytes costs the device.
+
+        ``silence_s`` is the silence the *sender* owes afterwards (the downlink's
+        ``sender_duty_cycle``), 0.0 when it has none. Without a downlink part the link is
+        symmetric: the uplink's costs, no silence.
+        """
+        down = self.downlink
+        if down is None:
+            return replace(self.message_cost(size_bytes), silence_s=0.0)
+        link_bytes = _check_size(size_bytes) + down.message_overhead_bytes
+        link = np.array([link_bytes], dtype=np.int64)
+        packets = int(down.packet_count(link)[0])
+        costs = {m: float(down.metric_cost(m, link)[0]) for m in METRICS}
+        return MessageCost(
+            size_bytes=int(size_bytes),
+            link_bytes=link_bytes,
+            packets=packets,
+            bytes_on_air=link_bytes + packets * down.per_packet_overhead_bytes,
+            bits=costs["bits"],
+            airtime_s=costs["airtime_s"],
+            energy_j=costs["energy_j"],
+            silence_s=down.sender_silence_s(costs["airtime_s"]),
+        )
+
+    def price(self, size_bytes: int, direction: Direction = "up") -> MessageCost:
+        """:meth:`message_cost` (``up``, what sending costs) or :meth:`downlink_cost` (``down``)."""
+        if direction == "up":
+            return self.message_cost(size_bytes)
+        return self.downlink_cost(size_bytes)
+
+    def downlink_objective_cost(self, size_bytes: NDArray[np.integer[Any]]) -> FloatArray:
+        """Receiving cost in the profile's objective unit, vectorised over sizes (bytes)."""
+        sizes = np.asarray(size_bytes, dtype=np.int64)
+        down = self.downlink
+        if down is None:
+            return np.asarray(self.objective_cost(sizes), dtype=np.float64)
+        link = sizes.reshape(-1) + down.message_overhead_bytes
+        return down.metric_cost(self.objective, link).reshape(sizes.shape)
+
+    @property
+    def max_downlinks_per_day(self) -> int | None:
+        return None if self.downlink is None else self.downlink.max_messages_per_day
+
+    def silence_s(self, airtime_s: float) -> float:
+        """Seconds of enforced silence after ``airtime_s`` seconds on air (duty cycle)."""
+        if self.duty_cycle is None:
+            return 0.0
+        return airtime_s * (1.0 / self.duty_cycle - 1.0)
+
+
+def _check_size(size_bytes: int) -> int:
+    size = int(size_bytes)
+    if size != size_bytes:
+        raise TypeError(f"size_bytes must be an integer number of bytes, got {size_bytes!r}")
+    if size < 0:
+        raise ValueError(f"size_bytes must be >= 0, got {size}")
+    return size
+
+
+def _ceil_div(num: IntArray, den: int) -> IntArray:
+    return -(-num // den)
+
+
+class PacketProfile(CostProfile):
+    """A link that splits each message into packets of at most ``max_payload_bytes``.
+
+    ``per_message``, ``per_packet`` and ``per_byte`` map a metric to its cost per
+    message, per packet and per link byte (missing metrics cost 0). The per-packet
+    cost already includes what the packet's own headers cost (their airtime, energy,
+    and 8 bits per header byte): each byte is counted once.
+    """
+
+    kind: Literal["packet"] = "packet"
+    max_payload_bytes: PositiveInt
+    per_message: MetricCosts = Field(default_factory=dict)
+    per_packet: MetricCosts = Field(default_factory=dict)
+    per_byte: MetricCosts = Field(default_factory=dict)
+
+    def defined_metrics(self) -> frozenset[Metric]:
+        return frozenset(
+            m
+            for m in METRICS
+            if self.per_message.get(m, 0.0) > 0
+            or self.per_packet.get(m, 0.0) > 0
+            or self.per_byte.get(m, 0.0) > 0
+        )
+
+    @property
+    def packet_stepped(self) -> bool:
+        return self.per_packet.get(self.objective, 0.0) > 0
+
+    def _packet_count(self, link_bytes: IntArray) -> IntArray:
+        return _ceil_div(link_bytes, self.max_payload_bytes)
+
+    def _metric_cost(self, metric: Metric, link_bytes: IntArray) -> FloatArray:
+        per_message = self.per_message.get(metric, 0.0)
+        per_packet = self.per_packet.get(metric, 0.0)
+        per_byte = self.per_byte.get(metric, 0.0)
+        out = per_byte * link_bytes.astype(np.float64) + per_message
+        if per_packet:
+            out += per_packet * self._packet_count(link_bytes)
+        return out
+
+
+class _UnsplitMixin(CostProfile):
+    """Shared by affine and measured: one packet per message unless a max payload is given."""
+
+    @property
+    def packet_stepped(self) -> bool:
+        return False
+
+    def _packet_count(self, link_bytes: IntArray) -> IntArray:
+        if self.max_payload_bytes is None:
+            return np.ones_like(link_bytes)
+        return _ceil_div(link_bytes, self.max_payload_bytes)
+
+
+class AffineProfile(_UnsplitMixin):
+    """``cost(metric) = a + b * B_link`` for each metric in ``coefficients`` (others cost 0)."""
+
+    kind: Literal["affine"] = "affine"
+    coefficients: dict[Metric, AffineCoefficients]
+
+    def defined_metrics(self) -> frozenset[Metric]:
+        return frozenset(m for m, c in self.coefficients.items() if c.a > 0 or c.b > 0)
+
+    def _metric_cost(self, metric: Metric, link_bytes: IntArray) -> FloatArray:
+        coef = self.coefficients.get(metric)
+        if coef is None:
+            return np.zeros(link_bytes.shape, dtype=np.float64)
+        return coef.b * link_bytes.astype(np.float64) + coef.a
+
+
+class MeasuredProfile(_UnsplitMixin):
+    """Piecewise-linear cost through measured ``points`` (sizes in link bytes).
+
+    Between points the cost is interpolated linearly; below the first point it
+    follows the first segment's slope, beyond the last the last segment's slope,
+    and it is never below 0. Sizes must increase strictly and every metric's values
+    must be nondecreasing, so the cost is nondecreasing in size.
+    """
+
+    kind: Literal["measured"] = "measured"
+    points: tuple[MeasuredPoint, ...]
+
+    # tuples, not arrays: pydantic compares private attributes in ==
+    _sizes: tuple[float, ...] = PrivateAttr()
+    _values: dict[Metric, tuple[float, ...]] = PrivateAttr()
+
+    @model_validator(mode="after")
+    def _check_points(self) -> MeasuredProfile:
+        if len(self.points) < 2:
+            raise ValueError(f"points: at least 2 points are needed, got {len(self.points)}")
+        metrics = self.points[0].defined()
+        for i, point in enumerate(self.points):
+            if point.defined() != metrics:
+                raise ValueError(
+                    f"points[{i}]: every point must give the same metrics as points[0] "
+                    f"({', '.join(sorted(metrics)) or 'none'}), got "
+                    f"{', '.join(sorted(point.defined())) or 'none'}"
+                )
+            if i == 0:
+                continue
+            prev = self.points[i - 1]
+            if point.size_bytes <= prev.size_bytes:
+                raise ValueError(
+                    f"points[{i}].size_bytes: sizes must increase strictly, got "
+                    f"{point.size_bytes} after {prev.size_bytes}"
+                )
+            for m in metrics:
+                value, before = getattr(point, m), getattr(prev, m)
+                if value < before:
+                    raise ValueError(
+                        f"points[{i}].{m}: costs must be nondecreasing in size, got "
+                        f"{value} at {point.size_bytes} B after {before} at {prev.size_bytes} B"
+                    )
+        return self
+
+    def model_post_init(self, context: Any, /) -> None:
+        self._sizes = tuple(float(p.size_bytes) for p in self.points)
+        self._values = {m: tuple(float(getattr(p, m) or 0.0) for p in self.points) for m in METRICS}
+
+    def defined_metrics(self) -> frozenset[Metric]:
+        return frozenset(m for m in METRICS if any(v > 0 for v in self._values[m]))
+
+    def _metric_cost(self, metric: Metric, link_bytes: IntArray) -> FloatArray:
+        xs = np.asarray(self._sizes, dtype=np.float64)
+        ys = np.asarray(self._values[metric], dtype=np.float64)
+        x = link_bytes.astype(np.float64)
+        out = np.interp(x, xs, ys)
+        first_slope = (ys[1] - ys[0]) / (xs[1] - xs[0])
+        last_slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        out = np.where(x < xs[0], ys[0] + first_slope * (x - xs[0]), out)
+        out = np.where(x > xs[-1], ys[-1] + last_slope * (x - xs[-1]), out)
+        return np.maximum(out, 0.0)
+
+
+_ANY_PROFILE: Final = TypeAdapter[PacketProfile | AffineProfile | MeasuredProfile](
+    Annotated[PacketProfile | AffineProfile | MeasuredProfile, Field(discriminator="kind")]
+)
+_KIND_MODELS: Final[dict[str, type[CostProfile]]] = {
+    "packet": PacketProfile,
+    "affine": AffineProfile,
+    "measured": MeasuredProfile,
+}
+_NESTED_MODELS: Final[dict[str, type[BaseModel]]] = {
+    "downlink": DownlinkPart,
+    "points": MeasuredPoint,
+    "coefficients": AffineCoefficients,
+}
+_SCHEMA: Final = ProfileSchema(KINDS, _KIND_MODELS, _NESTED_MODELS)
+
+
+# --- building, loading, saving ----------------------------------------------------------
+
+
+def parse_profile(data: Mapping[str, Any], source: str = "<data>") -> CostProfile:
+    """Validate a profile from a mapping (as read from JSON); ``source`` names it in errors.
+
+    Raises ProfileError naming ``source``, the field path and what is allowed.
+    """
+    if not isinstance(data, Mapping):
+        raise ProfileError(
+            f"profile {source}: the top level must be a JSON object, got {type(data).__name__}"
+        )
+    if "kind" not in data:
+        allowed = ", ".join(repr(k) for k in KINDS)
+        raise ProfileError(f"profile {source}: kind: required field is missing ({allowed})")
+    try:
+        return _ANY_PROFILE.validate_python(dict(data))
+    except ValidationError as exc:
+        raise profile_error(source, exc, _SCHEMA) from None
+
+
+def load_profile(path: str | Path) -> CostProfile:
+    """Read and validate one profile JSON file; a bare name (a ``str`` without ``.json`` or
+    a path separator, e.g. ``"lorawan_eu868_dr5_sf7"``) is a shipped profile, as in
+    :func:`resolve_profile`.
+
+    Raises ProfileError naming the file, the field and what is allowed, for a missing
+    or unreadable file, invalid JSON, or an invalid profile.
+    """
+    if isinstance(path, str) and not _looks_like_path(path):
+        return resolve_profile(path)
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ProfileError(f"profile {path}: file not found{_shipped_hint(path)}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProfileError(f"profile {path}: cannot read the file: {exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ProfileError(
+            f"profile {path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from None
+    return parse_profile(data, str(path))
+
+
+def profile_to_json(profile: CostProfile) -> str:
+    """The profile as JSON text (the format ``load_profile`` reads), ending in a newline."""
+    data = profile.model_dump(mode="json", exclude_none=True)
+    return json.dumps(data, indent=2) + "\n"
+
+
+def save_profile(profile: CostProfile, path: str | Path) -> Path:
+    """Write ``profile`` as JSON to ``path`` (atomically: temp file, then rename)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(profile_to_json(profile), encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def default_profiles_dir() -> Path:
+    """The shipped profiles: ``$CAT_EDGE_PROFILES_DIR`` when set, else the repository's
+    ``cost_profiles/`` (a checkout or editable install), else the copy a regular install puts
+    in ``<prefix>/share/cat-edge/cost_profiles`` (the environment's prefix, or the user
+    scheme's for ``pip install --user``). When none exists: the environment's, so an error
+    names where the profiles were expected."""
+    override = os.environ.get(PROFILES_DIR_ENV)
+    if override:
+        return Path(override)
+    checkout = Path(__file__).resolve().parents[2] / "cost_profiles"
+    if checkout.is_dir():
+        return checkout
+    candidates = [Path(sys.prefix), Path(sysconfig.get_path("data"))]
+    with contextlib.suppress(KeyError):  # no user scheme on this platform
+        candidates.append(Path(sysconfig.get_path("data", f"{os.name}_user")))
+    for prefix in candidates:
+        shipped = prefix / "share" / "cat-edge" / "cost_profiles"
+        if shipped.is_dir():
+            return shipped
+    return Path(sys.prefix) / "share" / "cat-edge" / "cost_profiles"
+
+
+def list_profiles(directory: Path | None = None) -> list[CostProfile]:
+    """Load every ``*.json`` profile in ``directory`` (default: ``default_profiles_dir()``).
+
+    Sorted by name. Raises ProfileError for an invalid file, a missing directory, or
+    two files that define the same name.
+    """
+    directory = default_profiles_dir() if directory is None else Path(directory)
+    if not directory.is_dir():
+        raise ProfileError(f"profiles directory {directory} does not exist")
+    seen: dict[str, Path] = {}
+    profiles: list[CostProfile] = []
+    for path in sorted(directory.glob("*.json")):
+        profile = load_profile(path)
+        if profile.name in seen:
+            raise ProfileError(
+                f"profile {path}: name: {profile.name!r} is already defined by {seen[profile.name]}"
+            )
+        seen[profile.name] = path
+        profiles.append(profile)
+    return sorted(profiles, key=lambda p: p.name)
+
+
+def resolve_profile(name_or_path: str) -> CostProfile:
+    """A profile from a path to a JSON file, or a bare name looked up in default_profiles_dir().
+
+    A string that ends in ``.json`` or contains a path separator is a path; anything
+    else is a name (file ``<name>.json``). Raises ProfileError listing the known names
+    when a name is not found.
+    """
+    if _looks_like_path(name_or_path):
+        return load_profile(Path(name_or_path))
+    directory = default_profiles_dir()
+    path = directory / f"{name_or_path}.json"
+    if not path.is_file():
+        known = sorted(p.stem for p in directory.glob("*.json")) if directory.is_dir() else []
+        raise ProfileError(
+            f"unknown cost profile {name_or_path!r} in {directory}; "
+            f"known profiles: {', '.join(known) or 'none'}"
+        )
+    return load_profile(path)
+
+
+def _looks_like_path(name_or_path: str) -> bool:
+    """A string ending in ``.json`` or holding a path separator names a file, else a profile."""
+    return name_or_path.endswith(".json") or any(
+        sep in name_or_path for sep in {"/", os.sep, os.altsep or "/"}
+    )
+
+
+def _shipped_hint(path: Path) -> str:
+    """``; the shipped profile <stem> is found by its bare name ...`` when ``path`` is missing
+    but a shipped profile has its file name (e.g. ``cost_profiles/x.json`` outside the
+    repository), else ``""``."""
+    directory = default_profiles_dir()
+    if path.suffix == ".json" and (directory / path.name).is_file():
+        return (
+            f"; the shipped profile {path.stem!r} ({directory / path.name}) is found from "
+            f"anywhere by its bare name: --profile {path.stem}"
+        )
+    return ""

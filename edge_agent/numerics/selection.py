@@ -1,0 +1,455 @@
+"""CAT selection: the compression level T that maximises guaranteed decrease per unit of cost.
+
+    T* = argmax_{T_min <= T <= T_max} gain(T) / cost(size(T))      (ties: smallest T)
+
+``gain`` is the descent-lemma guarantee of the compressor (the common 1/(2L) cancels),
+``size(T)`` the exact byte size :func:`edge_agent.protocol.wire.encoded_size` gives, ``cost`` the
+profile's objective metric. The answer is exact, and for topk/signtopk it needs no full
+sort: the largest entries are found by one threshold pass, and every T beyond them is
+bounded from above using that no unseen entry exceeds the threshold (and the cost is
+nondecreasing in T). Only if the bound cannot rule them out is the threshold lowered.
+
+Policies wrap the rule: ``cat`` (every round), ``fixed:T``, ``dynamic`` (T_dyn of
+Alistarh et al.: the smallest T with A1(T) >= ||g||_2), ``hybrid:S`` (re-solve every S rounds).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from edge_agent.errors import lookup
+from edge_agent.numerics.compressors import ValueDtype
+from edge_agent.protocol.wire import encoded_size
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+Price = Callable[[IntArray], FloatArray]
+
+_SAMPLE = 2048  # entries looked at to guess the threshold
+_GRID = 1.03  # geometric step of the bound intervals beyond the seen entries
+
+
+class SupportsObjectiveCost(Protocol):
+    def objective_cost(self, size_bytes: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]: ...
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The chosen T, its ratio gain/cost, and (topk/signtopk) the top-T indices, sorted."""
+
+    t: int
+    ratio: float
+    indices: IntArray | None = None
+    widenings: int = 0
+
+
+def make_price(
+    profile: SupportsObjectiveCost,
+    compressor: str,
+    *,
+    d: int,
+    job: str,
+    agent: str,
+    round: int = 0,
+    seq: int = 0,
+    value_dtype: ValueDtype = "float32",
+    mac: bool = False,
+) -> Price:
+    """cost(T): the profile's objective cost of the exact encoded update of T entries
+    (``mac``: signed, so 8 bytes more: :mod:`edge_agent.protocol.mac`)."""
+
+    def price(t: IntArray) -> FloatArray:
+        sizes = encoded_size(
+            compressor,
+            d=d,
+            t=t,
+            job=job,
+            agent=agent,
+            round=round,
+            seq=seq,
+            value_dtype=value_dtype,
+            mac=mac,
+        )
+        return np.asarray(
+            profile.objective_cost(np.asarray(sizes, dtype=np.int64)), dtype=np.float64
+        )
+
+    return price
+
+
+def _prefix(compressor: str, sorted_mags: FloatArray) -> FloatArray:
+    """A2 (topk) or A1 (signtopk) for T = 1..len(sorted_mags)."""
+    if compressor == "topk":
+        return np.cumsum(sorted_mags * sorted_mags)
+    return np.cumsum(sorted_mags)
+
+
+def _gain_of(compressor: str, prefix: FloatArray, t: IntArray) -> FloatArray:
+    """gain(T) * 2L from the prefix sums: A2(T), or A1(T)^2 / T."""
+    if compressor == "topk":
+        return np.asarray(prefix[t - 1], dtype=np.float64)
+    return np.asarray(prefix[t - 1] ** 2 / t, dtype=np.float64)
+
+
+def _gain(compressor: str, sorted_mags: FloatArray, t: IntArray) -> FloatArray:
+    """gain(T) * 2L for T = t (1-based counts into sorted_mags, all <= its length)."""
+    return _gain_of(compressor, _prefix(compressor, sorted_mags), t)
+
+
+def _argmax(ratio: FloatArray) -> int:
+    return int(np.argmax(ratio))  # first maximum: the smallest T wins ties
+
+
+def select_exhaustive(
+    g: npt.ArrayLike, compressor: str, price: Price, *, t_min: int = 1, t_max: int | None = None
+) -> Selection:
+    """Reference answer by a full sort: evaluates every T in [t_min, t_max]."""
+    arr, t_max = _prepare(g, t_min, t_max)
+    d = arr.size
+    if compressor == "dense":
+        return Selection(d, float(np.einsum("i,i->", arr, arr) / price(np.array([d]))[0]))
+    absg = np.abs(arr)
+    if compressor == "randk":
+        return _select_randk(arr, absg, price, t_min, t_max)
+    order = np.argsort(-absg, kind="stable")
+    ts = np.arange(t_min, t_max + 1, dtype=np.int64)
+    ratio = _gain(compressor, absg[order][:t_max], ts) / price(ts)
+    k = _argmax(ratio)
+    t = int(ts[k])
+    return Selection(t, float(ratio[k]), np.sort(order[:t]).astype(np.int64))
+
+
+def _prepare(g: npt.ArrayLike, t_min: int, t_max: int | None) -> tuple[FloatArray, int]:
+    """g as float64 and the effective t_max, after checking 1 <= t_min <= t_max <= d."""
+    arr = np.asarray(g, dtype=np.float64)
+    d = arr.size
+    t_max = d if t_max is None else min(t_max, d)
+    if not 1 <= t_min <= t_max <= d:
+        raise ValueError(f"need 1 <= t_min <= t_max <= d={d}, got t_min={t_min}, t_max={t_max}")
+    return arr, t_max
+
+
+def _select_randk(
+    g: FloatArray, absg: FloatArray, price: Price, t_min: int, t_max: int
+) -> Selection:
+    """randk: gain = ||g||^4 / V(T) in expectation; priced at the expected size T (exact, sorted)."""
+    mags = np.sort(absg)[::-1]
+    nnz = int(np.count_nonzero(mags))
+    if nnz == 0:
+        return Selection(t_min, 0.0)
+    t_max = min(t_max, nnz)
+    t_min = min(t_min, t_max)
+    tail = np.concatenate([np.cumsum(mags[:nnz][::-1])[::-1], [0.0]])
+    a2 = np.concatenate([[0.0], np.cumsum(mags[:nnz] ** 2)])
+    c = np.arange(nnz) + tail[:nnz] / mags[:nnz]
+    ts = np.arange(t_min, t_max + 1, dtype=np.int64)
+    r = np.minimum(np.searchsorted(c, ts, side="right"), nnz)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = a2[r] + np.where(ts > r, tail[r] ** 2 / (ts - r), 0.0)
+    norm2 = a2[nnz]
+    ratio = norm2 * norm2 / v / price(ts)
+    k = _argmax(ratio)
+    return Selection(int(ts[k]), float(ratio[k]))
+
+
+def select(
+    g: npt.ArrayLike, compressor: str, price: Price, *, t_min: int = 1, t_max: int | None = None
+) -> Selection:
+    """Exact CAT argmax; the same answer as :func:`select_exhaustive`, without a full sort."""
+    arr, t_max = _prepare(g, t_min, t_max)
+    d = arr.size
+    if compressor in ("dense", "randk"):
+        return select_exhaustive(arr, compressor, price, t_min=t_min, t_max=t_max)
+    if compressor not in ("topk", "signtopk"):
+        raise ValueError(f"CAT has no gain model for compressor {compressor!r}")
+    absg = np.abs(arr)
+    # einsum, not dot: BLAS threads can stall for milliseconds on a loaded small device
+    total = float(np.einsum("i,i->", arr, arr)) if compressor == "topk" else float(absg.sum())
+    sample, stride = _sample(absg)
+    want = _guess_count(sample, stride, compressor, price, t_max)
+    widenings = 0
+    while True:
+        want = max(want, t_min)
+        if 2 * want >= d:
+            out = select_exhaustive(arr, compressor, price, t_min=t_min, t_max=t_max)
+            return Selection(out.t, out.ratio, out.indices, widenings)
+        tau = _threshold(sample, stride, want)
+        cand = np.flatnonzero(absg >= tau)
+        if cand.size >= t_min and cand.size < d:
+            cand_mags = absg[cand]
+            mags = np.sort(cand_mags)[::-1]
+            k_seen = min(cand.size, t_max)
+            best_t, best = _best_seen(compressor, mags[:k_seen], t_min, price)
+            if (
+                k_seen == t_max
+                or _beyond_bound(compressor, mags, cand.size, tau, total, price, t_max) <= best
+                or _beyond_bound(
+                    compressor,
+                    mags,
+                    cand.size,
+                    tau,
+                    total,
+                    price,
+                    t_max,
+                    _levels(absg, sample, stride, cand.size),
+                )
+                <= best
+            ):
+                top = (
+                    cand
+                    if best_t == cand.size
+                    else cand[np.argpartition(cand_mags, cand.size - best_t)[cand.size - best_t :]]
+                )
+                return Selection(best_t, best, np.sort(top).astype(np.int64), widenings)
+        widenings += 1
+        want *= 4
+
+
+_BLOCK = 64  # T per block when pruning the exact evaluation
+
+
+def _best_seen(compressor: str, mags: FloatArray, t_min: int, price: Price) -> tuple[int, float]:
+    """Exact argmax of gain(T)/cost(T) over T in [t_min, len(mags)], ties to the smallest T.
+
+    cost is nondecreasing in T, and so are A2 (topk's gain) and A1 (signtopk's gain is
+    A1^2/T), so on a block [a, b] the ratio is at most A2(b)/cost(a), resp. A1(b)^2/(a cost(a)). Blocks whose bound is below a ratio already seen cannot hold the
+    maximum and are never priced T by T; the values compared are computed exactly as the
+    exhaustive search computes them, so the answer is identical.
+    """
+    k_seen = mags.size
+    ts = np.arange(t_min, k_seen + 1, dtype=np.int64)
+    prefix = _prefix(compressor, mags)
+    gain = _gain_of(compressor, prefix, ts)
+    if ts.size <= 4 * _BLOCK:
+        ratio = gain / price(ts)
+        k = _argmax(ratio)
+        return int(ts[k]), float(ratio[k])
+    first = np.arange(0, ts.size, _BLOCK)
+    last = np.minimum(first + _BLOCK - 1, ts.size - 1)
+    cost_first = price(ts[first])
+    cost_last = price(ts[last])
+    known = max(float((gain[first] / cost_first).max()), float((gain[last] / cost_last).max()))
+    top = prefix[ts[last] - 1]
+    bound = top / cost_first if compressor == "topk" else top * top / ts[first] / cost_first
+    # the relative slack absorbs rounding in the bound's own arithmetic (never excludes
+    # a block that could hold the maximum; at worst prices a few extra blocks)
+    keep = np.flatnonzero(bound * (1 + 1e-9) >= known)
+    pos = (first[keep][:, None] + np.arange(_BLOCK)[None, :]).ravel()
+    pos = pos[pos < ts.size]  # the last block may be short; positions stay ascending
+    ratio = gain[pos] / price(ts[pos])
+    k = _argmax(ratio)
+    return int(ts[pos[k]]), float(ratio[k])
+
+
+def _sample(absg: FloatArray) -> tuple[FloatArray, int]:
+    """A strided sample of |g|, sorted descending, and its stride (deterministic, no RNG)."""
+    stride = max(1, absg.size // _SAMPLE)
+    return np.sort(absg[::stride])[::-1], stride
+
+
+def _guess_count(sample: FloatArray, stride: int, compressor: str, price: Price, t_max: int) -> int:
+    """A cheap guess of how many top entries the answer needs, from the sample.
+
+    The sample's k-th largest stands for the (k*stride)-th of g; the estimated ratio is
+    evaluated on a geometric grid of about a hundred T, so pricing stays cheap.
+    """
+    k = np.unique(np.geomspace(1, sample.size, num=min(sample.size, 128)).astype(np.int64))
+    ts = (k * stride).clip(max=t_max)
+    if compressor == "topk":
+        gain = np.cumsum(sample * sample)[k - 1] * stride
+    else:
+        gain = (np.cumsum(sample)[k - 1] * stride) ** 2 / ts
+    best = int(np.argmax(gain / price(ts)))
+    return max(64, 3 * int(ts[best]) + 8 * stride)
+
+
+def _threshold(sample: FloatArray, stride: int, want: int) -> float:
+    """A magnitude such that roughly ``want`` entries of g are >= it."""
+    pos = min(sample.size - 1, max(0, want // stride))
+    return float(sample[pos])
+
+
+def _levels(
+    absg: FloatArray, sample: FloatArray, stride: int, seen: int
+) -> tuple[FloatArray, IntArray]:
+    """Exact counts of |g| >= tau_k for a few lower thresholds tau_k (about 4, 16, 64 times
+    the seen count, read off the sample): each costs one comparison pass, far less than a
+    wider threshold pass with its sort and pricing."""
+    taus: list[float] = []
+    counts: list[int] = []
+    want = 4 * seen
+    while want // stride < sample.size - 1 and len(taus) < 3:
+        tau_k = float(sample[want // stride])
+        taus.append(tau_k)
+        counts.append(int(np.count_nonzero(absg >= tau_k)))
+        want *= 4
+    return np.array(taus, dtype=np.float64), np.array(counts, dtype=np.int64)
+
+
+def _beyond_bound(
+    compressor: str,
+    mags: FloatArray,
+    seen: int,
+    tau: float,
+    total: float,
+    price: Price,
+    t_max: int,
+    levels: tuple[FloatArray, IntArray] | None = None,
+) -> float:
+    """An upper bound on gain(T)/cost(T) for every T in (seen, t_max].
+
+    Unseen entries are all < tau. On each interval [a, b] of a geometric grid the gain is
+    at most its value at b under that bound (capped by the total) and the cost at least
+    cost(a), since cost is nondecreasing in T. With ``levels`` (thresholds tau_k below tau
+    and the exact counts of entries >= tau_k) the unseen entries are bounded band by band:
+    the next (count_1 - seen) entries by tau, the following ones by tau_1, and so on.
+    """
+    starts = [seen + 1]
+    while starts[-1] <= t_max:
+        starts.append(max(starts[-1] + 1, int(starts[-1] * _GRID)))
+    a = np.array(starts[:-1], dtype=np.int64)
+    b = np.array(starts[1:], dtype=np.int64) - 1
+    b = np.minimum(b, t_max)
+    tops = np.array([tau], dtype=np.float64)
+    sizes = np.zeros(0, dtype=np.int64)
+    if levels is not None and levels[0].size:
+        tops = np.concatenate([tops, levels[0]])
+        sizes = np.diff(np.concatenate([[seen], levels[1]]))
+    value = tops * tops if compressor == "topk" else tops
+    # extra(j): the most the next j unseen entries can add; piecewise linear in j
+    xs = np.concatenate([[0], np.cumsum(sizes), [max(t_max, 1) + int(sizes.sum()) + 1]])
+    ys = np.concatenate([[0.0], np.cumsum(sizes * value[:-1]), [0.0]])
+    ys[-1] = ys[-2] + (xs[-1] - xs[-2]) * value[-1]
+    extra = np.interp((b - seen).astype(np.float64), xs.astype(np.float64), ys)
+    if compressor == "topk":
+        base = float(np.einsum("i,i->", mags, mags))
+        gain = np.minimum(base + extra, total)
+    else:
+        base = float(mags.sum())
+        gain = np.minimum(base + extra, total) ** 2 / a
+    return float((gain / price(a)).max()) * (1 + 1e-12)
+
+
+def dynamic_t(g: npt.ArrayLike, *, t_max: int | None = None) -> int:
+    """T_dyn = min{T : A1(T) >= ||g||_2} (Alistarh et al., as in the paper's comparison)."""
+    absg = np.abs(np.asarray(g, dtype=np.float64))
+    d = absg.size
+    norm = float(np.sqrt(np.einsum("i,i->", absg, absg)))
+    cap = d if t_max is None else min(t_max, d)
+    if norm == 0.0:
+        return 1
+    want = 64
+    sample, stride = _sample(absg)
+    while True:
+        if 4 * want >= d:
+            a1 = np.cumsum(np.sort(absg)[::-1])
+        else:
+            tau = _threshold(sample, stride, want)
+            top = np.sort(absg[absg >= tau])[::-1]
+            a1 = np.cumsum(top)
+            if a1.size == 0 or a1[-1] < norm:
+                want *= 4
+                continue
+        t = int(np.searchsorted(a1, norm, side="left")) + 1
+        return max(1, min(t, cap, a1.size))
+
+
+# ---------------------------------------------------------------- policies
+
+
+@dataclass
+class Policy:
+    """How an agent picks T each round; ``choose`` sees the vector it is about to compress."""
+
+    name: str = "cat"
+
+    def choose(self, v: FloatArray, compressor: str, price: Price, round_index: int) -> Selection:
+        return select(v, compressor, price)
+
+
+@dataclass
+class FixedPolicy(Policy):
+    t: int = 1
+
+    def choose(self, v: FloatArray, compressor: str, price: Price, round_index: int) -> Selection:
+        t = min(self.t, v.size)
+        return Selection(t, float("nan"))
+
+
+@dataclass
+class DynamicPolicy(Policy):
+    def choose(self, v: FloatArray, compressor: str, price: Price, round_index: int) -> Selection:
+        return Selection(dynamic_t(v), float("nan"))
+
+
+@dataclass
+class HybridPolicy(Policy):
+    """The paper's heuristic: solve for T* every ``every`` rounds, keep T fixed between."""
+
+    every: int = 200
+    _t: int | None = field(default=None, repr=False)
+    _last: int = field(default=-(10**18), repr=False)
+
+    def choose(self, v: FloatArray, compressor: str, price: Price, round_index: int) -> Selection:
+        if self._t is None or round_index - self._last >= self.every:
+            sel = select(v, compressor, price)
+            self._t, self._last = sel.t, round_index
+            return sel
+        return Selection(min(self._t, v.size), float("nan"))
+
+
+def _positive(text: str, what: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"policy {what!r}: expected a positive integer after ':', got {text!r}")
+    return n
+
+
+POLICIES: dict[str, Callable[[str], Policy]] = {
+    "cat": lambda arg: Policy("cat"),
+    "fixed": lambda arg: FixedPolicy("fixed", _positive(arg, "fixed:T")),
+    "dynamic": lambda arg: DynamicPolicy("dynamic"),
+    "hybrid": lambda arg: HybridPolicy("hybrid", _positive(arg or "200", "hybrid:S")),
+}
+
+
+def parse_policy(spec: str) -> Policy:
+    """``cat`` | ``fixed:T`` | ``dynamic`` | ``hybrid:S`` (S defaults to 200)."""
+    name, _, arg = spec.partition(":")
+    return lookup(POLICIES, name, "policy")(arg)
+
+
+def select_t(
+    g: npt.ArrayLike,
+    compressor: str,
+    profile: SupportsObjectiveCost,
+    *,
+    job: str,
+    agent: str,
+    round: int = 0,
+    seq: int = 0,
+    t_min: int = 1,
+    t_max: int | None = None,
+    value_dtype: ValueDtype = "float32",
+) -> int:
+    """CAT's T* for gradient ``g`` on ``profile``, priced with the exact encoded size."""
+    arr = np.asarray(g, dtype=np.float64)
+    price = make_price(
+        profile,
+        compressor,
+        d=arr.size,
+        job=job,
+        agent=agent,
+        round=round,
+        seq=seq,
+        value_dtype=value_dtype,
+    )
+    return select(arr, compressor, price, t_min=t_min, t_max=t_max).t
