@@ -29,12 +29,14 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not integration and not slow"
 
 # What CI runs before the tests (.ci/run): style, format, types, then the size and
-# complexity gate (no function above complexity 20, no module above 700 lines).
+# complexity gate (no function above complexity 20, no module above 700 lines), and the
+# layering contracts ([tool.importlinter] in pyproject.toml).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(MAKE) --no-print-directory typecheck
 	$(BIN)/python .ci/gate.py edge_agent aggregator
+	$(BIN)/lint-imports --no-cache
 
 # Strict everywhere: the packages ([tool.mypy] packages), and the code that drives them.
 typecheck: $(STAMP)
