@@ -29,14 +29,16 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not integration and not slow"
 
 # What CI runs before the tests (.ci/run): style, format, types, then the size and
-# complexity gate (no function above complexity 20, no module above 700 lines), and the
-# layering contracts ([tool.importlinter] in pyproject.toml).
+# complexity gate (no function above complexity 20, no module above 700 lines), the
+# layering contracts ([tool.importlinter] in pyproject.toml), and no import cycles and
+# no use of another module's _private names (.ci/imports.py, against its baseline).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(MAKE) --no-print-directory typecheck
 	$(BIN)/python .ci/gate.py edge_agent aggregator
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/python .ci/imports.py --baseline .ci/imports-baseline.txt edge_agent aggregator
 
 # Strict everywhere: the packages ([tool.mypy] packages), and the code that drives them.
 typecheck: $(STAMP)
