@@ -30,8 +30,9 @@ test-fast: $(STAMP)
 
 # What CI runs before the tests (.ci/run): style, format, types, then the size and
 # complexity gate (no function above complexity 20, no module above 700 lines), the
-# layering contracts ([tool.importlinter] in pyproject.toml), and no import cycles and
-# no use of another module's _private names (.ci/imports.py, against its baseline).
+# layering contracts ([tool.importlinter] in pyproject.toml), no import cycles and no
+# use of another module's _private names (.ci/imports.py, against its baseline), and
+# the module table of docs/architecture.md up to date (.ci/architecture.py).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -39,6 +40,7 @@ lint: $(STAMP)
 	$(BIN)/python .ci/gate.py edge_agent aggregator
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python .ci/imports.py --baseline .ci/imports-baseline.txt edge_agent aggregator
+	$(BIN)/python .ci/architecture.py --check docs/architecture.md
 
 # Strict everywhere: the packages ([tool.mypy] packages), and the code that drives them.
 typecheck: $(STAMP)

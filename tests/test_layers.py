@@ -197,3 +197,44 @@ def test_the_baseline_passes_known_offenders_and_says_which_are_fixed(tmp_path: 
     again = _imports(pkg, "--baseline", str(baseline))
     assert again.returncode == 1
     assert "NEW private: pkg.more imports pkg.owner._helper" in again.stdout
+
+
+ARCHITECTURE_PY = ROOT / ".ci" / "architecture.py"
+
+
+def _architecture(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ARCHITECTURE_PY), *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_the_module_table_is_rebuilt_and_a_stale_one_fails_the_check(tmp_path: Path) -> None:
+    pkg = _package(tmp_path, {"codec": '"""The codec. More here."""\n'})
+    doc = tmp_path / "doc.md"
+    begin, end = _architecture_markers()
+    doc.write_text(f"# Doc\n\n{begin}\n| stale |\n{end}\n\nafter\n")
+    assert _architecture("--check", str(doc), str(pkg)).returncode == 1
+    assert _architecture(str(doc), str(pkg)).returncode == 0
+    text = doc.read_text()
+    assert "| **`pkg/`** | A package. |\n| `pkg/codec.py` | The codec. |" in text
+    assert text.endswith(f"{end}\n\nafter\n") and "stale" not in text
+    assert _architecture("--check", str(doc), str(pkg)).returncode == 0
+    (pkg / "wire.py").write_text('"""The wire."""\n')
+    assert _architecture("--check", str(doc), str(pkg)).returncode == 1
+
+
+def test_a_module_without_a_docstring_is_named(tmp_path: Path) -> None:
+    pkg = _package(tmp_path, {"bare": "X = 1\n"})
+    doc = tmp_path / "doc.md"
+    begin, end = _architecture_markers()
+    doc.write_text(f"{begin}\n{end}\n")
+    out = _architecture("--check", str(doc), str(pkg))
+    assert out.returncode == 1
+    assert "bare.py: no module docstring" in out.stderr
+
+
+def _architecture_markers() -> tuple[str, str]:
+    """The two marker lines, as the repository's doc has them."""
+    lines = (ROOT / "docs" / "architecture.md").read_text().splitlines()
+    begin = next(ln for ln in lines if ln.startswith("<!-- modules: generated"))
+    return begin, "<!-- end of modules -->"
