@@ -57,6 +57,7 @@ from pydantic import (
 from edge_agent.errors import ProfileError
 from edge_agent.links.cost import METRICS, Cost, Direction, Metric
 from edge_agent.links.profile_errors import ProfileSchema, profile_error
+from edge_agent.links.shared import SharedDelivery, SharedDownlink
 
 __all__ = [
     "METRICS",
@@ -70,6 +71,8 @@ __all__ = [
     "MessageCost",
     "Metric",
     "PacketProfile",
+    "SharedDelivery",
+    "SharedDownlink",
     "default_profiles_dir",
     "list_profiles",
     "load_profile",
@@ -160,6 +163,10 @@ class DownlinkPart(_Frozen):
     gateway's sub-band, for example); the aggregator paces what it sends to this device
     accordingly. ``max_messages_per_day``: the network's cap on downlinks to one device per
     day (community LoRaWAN networks: about 10, Sigfox: 4). None: no such limit.
+
+    ``shared``: a shared delivery (a multicast group, periodic advertising) that reaches
+    every member with one transmission (:class:`edge_agent.links.shared.SharedDownlink`);
+    the numbers above stay the device's own (unicast) downlink, its catch-up path.
     """
 
     max_payload_bytes: PositiveInt | None = None
@@ -170,6 +177,7 @@ class DownlinkPart(_Frozen):
     per_byte: MetricCosts = Field(default_factory=dict)
     sender_duty_cycle: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     max_messages_per_day: PositiveInt | None = None
+    shared: SharedDownlink | None = None
     estimated: tuple[str, ...] = ()
     notes: str | None = None
 
@@ -353,6 +361,20 @@ class CostProfile(_Frozen):
     def max_downlinks_per_day(self) -> int | None:
         return None if self.downlink is None else self.downlink.max_messages_per_day
 
+    @property
+    def shared_downlink(self) -> SharedDownlink | None:
+        """The downlink part's shared delivery (a multicast group); None without one."""
+        return None if self.downlink is None else self.downlink.shared
+
+    def shared_delivery(self, size_bytes: int) -> SharedDelivery:
+        """One message of ``size_bytes`` on the shared downlink: frames, the sender's airtime,
+        the time the group's downlink is busy, each member's energy. Raises ValueError for a
+        profile without a shared downlink."""
+        shared = self.shared_downlink
+        if shared is None:
+            raise ValueError(f"profile {self.name!r} has no shared downlink (downlink.shared)")
+        return shared.delivery_of(_check_size(size_bytes))
+
     def silence_s(self, airtime_s: float) -> float:
         """Seconds of enforced silence after ``airtime_s`` seconds on air (duty cycle)."""
         if self.duty_cycle is None:
@@ -517,6 +539,7 @@ _KIND_MODELS: Final[dict[str, type[CostProfile]]] = {
 }
 _NESTED_MODELS: Final[dict[str, type[BaseModel]]] = {
     "downlink": DownlinkPart,
+    "shared": SharedDownlink,
     "points": MeasuredPoint,
     "coefficients": AffineCoefficients,
 }
