@@ -45,6 +45,7 @@ from aggregator.engine.accounting import DenseDownlink, Pricer, RoundRecord
 from aggregator.engine.outbound import Outbound, merge_deltas
 from aggregator.engine.rounds import Decoded, Effects, Evaluator, FloatArray, RoundEngine
 from aggregator.service.datalock import DataDirLock
+from aggregator.service.logs import ProgressLog
 from aggregator.service.settings import Settings, SettingsError
 from aggregator.service.store import JournalEntry, Store, recover
 from edge_agent.errors import CatEdgeError
@@ -185,6 +186,7 @@ class AggregatorService:
         self._publish_failures = 0
         self._stop_requested = False
         self._uncheckpointed = 0  # committed versions not yet in a checkpoint file
+        self._progress = ProgressLog(log)  # round closed / checkpoint written lines
         self.recovered_from = ""
         #: the dense float32 downlink baseline, charged per committed version (None:
         #: unknown, the service resumed a job past version 0); read it under ``read``
@@ -364,9 +366,15 @@ class AggregatorService:
             rejected = dict(eng.rejected) if applied.records else None
         # inputs and the history rows they produced: one transaction, then the checkpoint
         hwm = self._store.commit(applied.entries, applied.records, agents=agents, rejected=rejected)
+        for rec in applied.records:
+            self._progress.round_closed(rec)
         if snap is not None:
             self._store.write_checkpoint(snap, hwm)
             self._uncheckpointed = 0
+            if applied.records:
+                self._progress.checkpoint_written(
+                    applied.records[-1].version, self.settings.checkpoint_every
+                )
         self._deliver(applied)
 
     def _apply(
