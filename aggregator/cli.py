@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import os
+import logging
 import sys
 from collections.abc import Sequence
 from typing import Any, Literal, get_args, get_origin
@@ -102,9 +102,10 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         )
     p.add_argument(
         "--log-level",
-        default="info",
+        default=None,
         choices=["critical", "error", "warning", "info", "debug"],
-        help="uvicorn and aggregator log level",
+        help="uvicorn and aggregator log level [env AGG_LOG_LEVEL; default info]; the "
+        "format is AGG_LOG_FORMAT (text | json), for uvicorn's lines too",
     )
     p.set_defaults(missing=None)
 
@@ -118,37 +119,40 @@ def _not_installed(missing: str) -> int:
 
 
 def serve(args: argparse.Namespace) -> int:
+    """Start the service as ``uvicorn aggregator.app:app`` does (one log line and exit 2 or
+    1 on failure: :mod:`aggregator.web.startup`), then serve it under uvicorn with every
+    line in the ``AGG_LOG_FORMAT`` format (uvicorn's loggers print through the service's
+    handler: :func:`aggregator.service.logs.uvicorn_log_config`)."""
     if args.missing is not None:
         return _not_installed(args.missing)
-    from aggregator.service.settings import Settings, SettingsError, load_settings
+    import uvicorn
+
+    from aggregator.service.logs import uvicorn_log_config
+    from aggregator.service.settings import Settings
+    from aggregator.web.app import create_app
+    from aggregator.web.startup import start_from_environment
 
     overrides = {
         name: getattr(args, name)
         for name in Settings.model_fields
         if name not in _NOT_FLAGS and getattr(args, name, None) is not None
     }
+    level = None if args.log_level is None else args.log_level.upper()
     try:
-        settings = load_settings(**overrides)
-    except SettingsError as exc:
-        print(f"aggregator: {exc}", file=sys.stderr)
-        return 2
-    import uvicorn
-
-    from aggregator.service.logs import configure_service, log_options
-    from aggregator.web.app import create_app
-
-    try:  # the format from AGG_LOG_FORMAT, the level from --log-level
-        fmt, _ = log_options(os.environ)
-    except SettingsError as exc:
-        print(f"aggregator: {exc}", file=sys.stderr)
-        return 2
-    configure_service(fmt, args.log_level.upper())
+        started = start_from_environment(overrides, level=level)
+    except SystemExit as exc:  # logged in one line already
+        return exc.code if isinstance(exc.code, int) else 2
+    uvicorn_level = logging.getLogger().getEffectiveLevel()
     try:
         uvicorn.run(
-            create_app(settings), host=settings.host, port=settings.port, log_level=args.log_level
+            create_app(started=started),
+            host=started.settings.host,
+            port=started.settings.port,
+            log_config=uvicorn_log_config(),
+            log_level=uvicorn_level,
         )
     except CatEdgeError as exc:
-        print(f"aggregator: {exc}", file=sys.stderr)
+        logging.getLogger("aggregator.cli").error("aggregator serve: %s", exc)
         return 1
     return 0
 

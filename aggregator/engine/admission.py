@@ -10,7 +10,7 @@ before anything changed, so a refused message leaves no trace but its count.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
@@ -32,6 +32,7 @@ REJECT_REASONS: Final[tuple[str, ...]] = (
     "wrong_compressor",
     "wrong_semantics",
     "out_of_bounds",
+    "unknown_profile",
     "too_many_agents",
     "too_large",
     "would_diverge",
@@ -69,6 +70,10 @@ class Limits:
     ``update_norm_warmup`` updates were accepted, a mean-family update whose L2 norm
     exceeds this multiple of the median norm of the last accepted ones is refused
     (:mod:`aggregator.engine.guard`).
+
+    ``profile_problem(name)``: None when the cost profile a hello names can be priced here,
+    else why not (the hello is refused ``unknown_profile``); None: profiles are not checked
+    (an unknown one is then priced as bytes only).
     """
 
     max_rows: int = 10**9
@@ -76,6 +81,9 @@ class Limits:
     max_smoothness: float = 1e12
     update_norm_factor: float = 1e3
     update_norm_warmup: int = 16
+    profile_problem: Callable[[str], str | None] | None = field(
+        default=None, compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         checks = [
@@ -230,6 +238,9 @@ def check_hello_bounds(hello: messages.Hello, limits: Limits) -> None:
         raise Reject("out_of_bounds", f"{who}: next_seq or version beyond 2**63 - 1")
     if max(len(hello.profile), len(hello.objective), len(hello.policy)) > MAX_TEXT:
         raise Reject("out_of_bounds", f"{who}: profile/objective/policy over {MAX_TEXT} chars")
+    problem = limits.profile_problem(hello.profile) if limits.profile_problem else None
+    if hello.profile and problem is not None:
+        raise Reject("unknown_profile", f"{who}: {problem}")
 
 
 def check_capacity(agent: str, registered: int, cap: int) -> None:

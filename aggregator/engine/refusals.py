@@ -34,11 +34,13 @@ from edge_agent.protocol import messages, topics
 
 #: Rejections the sender is told about: its job settings (d, model, compressor, update
 #: semantics), an index out of range, or an update before an accepted hello
-#: (``unknown_agent``, e.g. after a refused hello: the agent then says hello again).
+#: (``unknown_agent``, e.g. after a refused hello: the agent then says hello again), or a
+#: cost profile the aggregator cannot price (``unknown_profile``: it keeps saying hello).
 #: ``ef21_reset`` has its own answer, control ``reset`` (the agent counts it as refused).
 REFUSED_REASONS: Final[frozenset[str]] = messages.REFUSAL_FATAL | {
     "unknown_agent",
     "out_of_bounds",
+    "unknown_profile",
 }
 #: at most one ``refused`` per (agent, reason) per this many seconds of engine time
 REFUSAL_INTERVAL_S: Final = 30.0

@@ -44,6 +44,8 @@ import numpy as np
 from aggregator.engine.accounting import DenseDownlink, Pricer, RoundRecord
 from aggregator.engine.outbound import Outbound, merge_deltas
 from aggregator.engine.rounds import Decoded, Effects, Evaluator, FloatArray, RoundEngine
+from aggregator.service.datalock import DataDirLock
+from aggregator.service.logs import ProgressLog
 from aggregator.service.settings import Settings, SettingsError
 from aggregator.service.store import JournalEntry, Store, recover
 from edge_agent.errors import CatEdgeError
@@ -179,10 +181,12 @@ class AggregatorService:
         self._transports: list[Transport] = []
         self._engine: RoundEngine | None = None
         self._store: Store | None = None
+        self._data_lock: DataDirLock | None = None  # one aggregator per AGG_DATA_DIR
         self._fatal: BaseException | None = None
         self._publish_failures = 0
         self._stop_requested = False
         self._uncheckpointed = 0  # committed versions not yet in a checkpoint file
+        self._progress = ProgressLog(log)  # round closed / checkpoint written lines
         self.recovered_from = ""
         #: the dense float32 downlink baseline, charged per committed version (None:
         #: unknown, the service resumed a job past version 0); read it under ``read``
@@ -194,8 +198,15 @@ class AggregatorService:
         """Recover, connect every transport, re-broadcast the model, start the threads."""
         s = self.settings
         cfg = s.engine_config()
-        self._store = Store(s.data_dir)
-        recovery = recover(self._store, cfg, evaluator=build_evaluator(s), profiles=_profile_lookup)
+        self._data_lock = DataDirLock.acquire(s.data_dir)
+        try:
+            self._store = Store(s.data_dir)
+            recovery = recover(
+                self._store, cfg, evaluator=build_evaluator(s), profiles=_profile_lookup
+            )
+        except BaseException:
+            self._data_lock.release()
+            raise
         self._engine = recovery.engine
         self.recovered_from = recovery.source
         if self._engine.version == 0:
@@ -216,6 +227,7 @@ class AggregatorService:
         except BaseException:
             self._close_transports()
             self._store.close()
+            self._data_lock.release()
             raise
         # The retained snapshot tells (re)connecting agents where we are; the resync
         # command asks agents that already answered this version to re-send that update
@@ -252,6 +264,8 @@ class AggregatorService:
         self._threads.clear()
         if self._store is not None:
             self._store.close()
+        if self._data_lock is not None:
+            self._data_lock.release()
 
     def _close_transports(self) -> None:
         for t in self._transports:
@@ -352,9 +366,15 @@ class AggregatorService:
             rejected = dict(eng.rejected) if applied.records else None
         # inputs and the history rows they produced: one transaction, then the checkpoint
         hwm = self._store.commit(applied.entries, applied.records, agents=agents, rejected=rejected)
+        for rec in applied.records:
+            self._progress.round_closed(rec)
         if snap is not None:
             self._store.write_checkpoint(snap, hwm)
             self._uncheckpointed = 0
+            if applied.records:
+                self._progress.checkpoint_written(
+                    applied.records[-1].version, self.settings.checkpoint_every
+                )
         self._deliver(applied)
 
     def _apply(

@@ -43,6 +43,7 @@ from aggregator.web.schemas import (
     HistoryOut,
     RoundOut,
     StatusOut,
+    TransportOut,
 )
 from aggregator.web.startup import Started, start_from_environment
 from edge_agent.links.cost import ZERO
@@ -148,12 +149,26 @@ def get_metrics(metrics: MetricsDep) -> Response:
     return Response(metrics.render(), media_type=CONTENT_TYPE)
 
 
-@router.get("/healthz", tags=["ops"], summary="200 while ingest runs, else 503")
+@router.get(
+    "/healthz",
+    tags=["ops"],
+    summary="200 while ingest runs and every transport is connected, else 503 and why",
+    responses={503: {"model": HealthOut, "description": "Ingest stopped or a transport is down"}},
+)
 def healthz(service: ServiceDep, response: Response) -> HealthOut:
-    if service.healthy:
-        return HealthOut(status="ok")
+    transports = [TransportOut(url=u, connected=c) for u, c in service.transports()]
+    down = [t.url for t in transports if not t.connected]
+    if not service.healthy:
+        found = HealthOut(
+            status="unavailable", detail=service.fatal_error or "stopped", transports=transports
+        )
+    elif down:
+        detail = f"transport down (reconnecting): {', '.join(down)}"
+        found = HealthOut(status="degraded", detail=detail, transports=transports)
+    else:
+        return HealthOut(status="ok", transports=transports)
     response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
-    return HealthOut(status="unavailable", detail=service.fatal_error or "stopped")
+    return found
 
 
 def _control(service: AggregatorService, cmd: Literal["pause", "resume", "stop"]) -> ControlOut:

@@ -339,8 +339,12 @@ class HistoryOut(_Out):
 
 
 class HealthOut(_Out):
-    status: Literal["ok", "unavailable"]
+    """``ok`` (200); ``degraded`` (503): a transport is down, agents on it cannot reach the
+    job; ``unavailable`` (503): the ingest thread stopped. ``detail`` says which and why."""
+
+    status: Literal["ok", "degraded", "unavailable"]
     detail: str = ""
+    transports: list[TransportOut] = Field(default_factory=list)
 
 
 class ControlOut(_Out):

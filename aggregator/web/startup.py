@@ -8,9 +8,11 @@ logs "Started server process"): logging first (:mod:`aggregator.service.logs`), 
 then the service is started. A failure is logged as ONE line naming what to fix and ends the
 process (SystemExit) with:
 
-* exit 2 (:data:`EXIT_CONFIG`) for what a person must fix: a setting (``AGG_*``), a
-  checkpoint or history file that cannot be restored, a data directory that cannot be
-  written. The shipped systemd unit does not restart on 2.
+* exit 2 (:data:`EXIT_CONFIG`) for what a person must fix: a setting (``AGG_*``), a cost
+  profiles directory (``CAT_EDGE_PROFILES_DIR``) that is missing or empty, a checkpoint or
+  history file that cannot be restored, a data directory that cannot be written or that
+  another aggregator holds (its lock names the holder). The shipped systemd unit does not
+  restart on 2.
 * exit 1 (:data:`EXIT_RETRY`) for what may heal by itself: a broker or socket that cannot
   connect (:class:`~edge_agent.errors.TransportError`). systemd restarts it with back-off.
 
@@ -22,12 +24,18 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from aggregator.service.ingest import AggregatorService
 from aggregator.service.logs import configure_service, log_options
-from aggregator.service.settings import Settings, SettingsError, load_settings
+from aggregator.service.settings import (
+    Settings,
+    SettingsError,
+    check_profiles_dir,
+    load_settings,
+)
 from aggregator.web.agent_metrics import max_agents_from
 from aggregator.web.metrics import AggregatorMetrics
 from edge_agent.errors import CatEdgeError, TransportError, lookup
@@ -78,18 +86,23 @@ def fail(exc: BaseException, fix: str = "") -> NoReturn:
     raise SystemExit(exit_code(exc))
 
 
-def start_from_environment() -> Started:
+def start_from_environment(
+    overrides: Mapping[str, Any] | None = None, *, level: str | None = None
+) -> Started:
     """Configure logging, read and check the settings, start the service; on any failure
-    one log line and SystemExit (see the module docstring for the codes)."""
+    one log line and SystemExit (see the module docstring for the codes). ``overrides``:
+    settings that win over the environment (``aggregator serve`` flags); ``level``: the log
+    level instead of ``AGG_LOG_LEVEL``."""
     try:
-        fmt, level = log_options(os.environ)
+        fmt, env_level = log_options(os.environ)
     except SettingsError as exc:
         configure_service()
         fail(exc)
-    configure_service(fmt, level)
+    configure_service(fmt, level or env_level)
     try:
-        settings = load_settings()
+        settings = load_settings(**(overrides or {}))
         check_transport_schemes(settings)
+        check_profiles_dir()
         metrics = AggregatorMetrics(max_agents=max_agents_from(os.environ))
     except CatEdgeError as exc:
         fail(exc)

@@ -229,7 +229,9 @@ def test_metrics_registry_is_private_per_app(memory_url: str, tmp_path: Path) ->
 
 def test_healthz_ok(running: tuple[TestClient, FakeAgents]) -> None:
     client, _ = running
-    assert client.get("/healthz").json() == {"status": "ok", "detail": ""}
+    body = client.get("/healthz").json()
+    assert (body["status"], body["detail"]) == ("ok", "")
+    assert [t["connected"] for t in body["transports"]] == [True]
 
 
 def test_control_without_token_is_401(running: tuple[TestClient, FakeAgents]) -> None:

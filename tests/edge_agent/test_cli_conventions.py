@@ -59,7 +59,8 @@ def test_help_texts_show_defaults_without_none_noise() -> None:
     serve = " ".join(_helps(_agg_parser())[1].split())
     assert "[env AGG_JOB; default cat]" in serve
     assert "--mode {sync,async}" in serve and "[env AGG_D; required]" in serve
-    assert "(default: info)" in serve
+    assert "--log-level {critical,error,warning,info,debug}" in serve
+    assert "[env AGG_LOG_LEVEL; default info]" in serve
 
 
 def test_agent_defaults_converge_and_meet_the_aggregator(tmp_path: Path) -> None:
