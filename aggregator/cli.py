@@ -14,6 +14,11 @@
 
 Without the ``aggregator`` extras (a device install), ``aggregator --help`` still works and
 ``aggregator serve`` prints the one-line install hint (exit 2) before doing anything.
+
+``serve`` exits 0 when uvicorn stops by itself, 2 on a configuration error (a setting, a
+transport setting the broker refuses: the line names the ``AGG_*`` variable), 1 on a
+broker that cannot be reached (worth a restart), 130 after SIGINT and 143 after SIGTERM
+(128 + the signal, once uvicorn has shut down gracefully).
 """
 
 from __future__ import annotations
@@ -22,12 +27,18 @@ import argparse
 import importlib
 import importlib.util
 import os
+import signal
 import sys
 from collections.abc import Sequence
-from typing import Any, Literal, get_args, get_origin
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
 
 from edge_agent.cli.commands import DefaultsFormatter, package_version
 from edge_agent.errors import CatEdgeError
+
+if TYPE_CHECKING:  # the service's modules load only for `serve`
+    from aggregator.service.settings import Settings
+    from aggregator.web.startup import Started
 
 _NOT_FLAGS = frozenset({"api_token", "config_file"})
 _SIMULATOR = "aggregator.sim.cli"
@@ -143,14 +154,49 @@ def serve(args: argparse.Namespace) -> int:
         print(f"aggregator: {exc}", file=sys.stderr)
         return 2
     configure_service(fmt, args.log_level.upper())
-    try:
-        uvicorn.run(
-            create_app(settings), host=settings.host, port=settings.port, log_level=args.log_level
-        )
-    except CatEdgeError as exc:
-        print(f"aggregator: {exc}", file=sys.stderr)
-        return 1
+    started = _start(settings)
+    if isinstance(started, int):
+        return started
+    app = create_app(started=started)
+    previous = {sig: signal.signal(sig, _raise_stopped) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:  # uvicorn shuts down on the signal, then raises it again: here, as Stopped
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level)
+    except Stopped as stop:
+        return 128 + stop.signum
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return 0
+
+
+class Stopped(Exception):
+    """A stop signal (SIGINT, SIGTERM), re-raised by uvicorn after its graceful shutdown."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, frame: FrameType | None) -> None:
+    raise Stopped(signum)
+
+
+def _start(settings: Settings) -> Started | int:
+    """Start the service before uvicorn does (an error in uvicorn's lifespan would exit 3 with
+    a traceback): the started service, or the exit status after one line on stderr."""
+    from aggregator.service.ingest import AggregatorService
+    from aggregator.web.agent_metrics import max_agents_from
+    from aggregator.web.metrics import AggregatorMetrics
+    from aggregator.web.startup import Started, describe, exit_code
+
+    try:
+        metrics = AggregatorMetrics(max_agents=max_agents_from(os.environ))
+        service = AggregatorService(settings, observer=metrics.observe_round)
+        service.start()
+    except (CatEdgeError, OSError) as exc:
+        print(f"aggregator: cannot start: {describe(exc)}", file=sys.stderr)
+        return exit_code(exc)
+    return Started(settings, service, metrics)
 
 
 # ---------------------------------------------------------------------------- simulate slot

@@ -3,8 +3,10 @@
 Every subcommand has ``--help``; errors name the bad argument and the fix. Exit status:
 0 done; 2 a configuration error, which no restart heals (a bad flag, as argparse does;
 for ``run`` also an unknown profile, a missing data or password file, a bad server URL,
-and an aggregator that keeps refusing the agent's settings); 1 any other error (e.g. the
-broker is unreachable: worth a restart); 130 interrupted.
+credentials the broker refuses, a CA that does not sign the broker's certificate, TLS
+against a plain listener, an ``--agent-id`` the shipped ACL drops, and an aggregator that
+keeps refusing the agent's settings); 1 any other error (e.g. the broker is unreachable:
+worth a restart); 130 stopped by SIGINT (Ctrl-C), 143 by SIGTERM (128 + the signal).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import numpy as np
 from edge_agent.cli.keys import add_keys_parser
 from edge_agent.cli.logs import LOG_FORMATS
 from edge_agent.cli.logs import configure as configure_logging
-from edge_agent.errors import CatEdgeError
+from edge_agent.errors import CatEdgeError, TransportConfigError
 
 if TYPE_CHECKING:  # the agent's imports load only for `run`
     from edge_agent.agent.loop import Agent
@@ -75,19 +77,41 @@ class ConfigurationError(CatEdgeError):
     """A setting of ``run`` is wrong (exit 2: restarting will not help)."""
 
 
+#: the ``run`` flag (or variable) that sets each transport option, where it is not
+#: ``--<option-with-dashes>``
+_OPTION_FLAGS = {
+    "url": "--server",
+    "password": "the password in --server",
+    "password_env": "CAT_EDGE_MQTT_PASSWORD",
+    "tls_insecure": "?tls_insecure=true in --server",
+    "curve_server_public_key_file": "--zmq-server-key-file",
+    "curve_client_secret_file": "--zmq-secret-key-file",
+}
+
+
+def option_flag(option: str) -> str:
+    """The ``edge-agent run`` flag that sets transport option ``option``."""
+    return _OPTION_FLAGS.get(option, "--" + option.replace("_", "-"))
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     try:
         agent = _build_agent(args)
     except (CatEdgeError, OSError, ValueError) as exc:
         raise ConfigurationError(_describe(exc)) from exc
+    signals: list[int] = []
 
     def _on_signal(signum: int, frame: FrameType | None) -> None:
         log.info("signal %s: stopping", signal.Signals(signum).name)
+        signals.append(signum)
         agent.stop()
 
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
-    agent.start()
+    try:
+        agent.start()
+    except TransportConfigError as exc:
+        raise ConfigurationError(_describe(exc)) from exc
     try:
         agent.run()
     finally:
@@ -98,7 +122,24 @@ def cmd_run(args: argparse.Namespace) -> int:
         np.save(args.save_model, agent.x)
     if agent.gave_up is not None:
         raise ConfigurationError(agent.gave_up)
-    return 0
+    return 128 + signals[0] if signals else 0
+
+
+def agent_id_for(args: argparse.Namespace) -> str:
+    """``--agent-id``, else ``--username`` (the shipped broker's identity), else the host name.
+
+    The shipped Mosquitto ACL (``pattern write cat/+/update/%u``) lets a user publish only
+    under its own name and drops anything else without telling the client, so an id that
+    differs from the user name is refused here (ConfigurationError, exit 2).
+    """
+    if args.agent_id and args.username and args.agent_id != args.username:
+        raise ConfigurationError(
+            f"--agent-id {args.agent_id!r} differs from --username {args.username!r}: the "
+            "shipped broker ACL (deploy/mosquitto/acl, pattern ... %u) drops every message an "
+            f"agent publishes under another id. Drop --agent-id (it defaults to --username), "
+            f"or pass --agent-id {args.username}"
+        )
+    return str(args.agent_id or args.username or socket.gethostname().split(".")[0])
 
 
 def _build_agent(args: argparse.Namespace) -> Agent:
@@ -114,7 +155,7 @@ def _build_agent(args: argparse.Namespace) -> Agent:
     data = load_dataset(args.data, n_features=args.features)
     n_classes = args.classes
     model = make_model(args.model, n_features=data.n_features, n_classes=n_classes, l2=args.l2)
-    agent_id = args.agent_id or socket.gethostname().split(".")[0]
+    agent_id = agent_id_for(args)
     config = AgentConfig(
         job=args.job,
         agent_id=agent_id,
@@ -384,7 +425,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_JOB,
         help="job id ([A-Za-z0-9._-]): the aggregator's AGG_JOB, whose default is the same",
     )
-    run.add_argument("--agent-id", default=None, help="this agent's id (default: the host name)")
+    run.add_argument(
+        "--agent-id",
+        default=None,
+        help="this agent's id (default: --username when given, else the host name); under "
+        "the shipped broker ACL it must equal --username",
+    )
     run.add_argument(
         "--data", required=True, help="local data shard: LIBSVM (.svm/.libsvm/.txt), .npz or .csv"
     )
@@ -616,7 +662,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"edge-agent {args.command}: error: {_describe(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        return 130
+        return 128 + signal.SIGINT
 
 
 def _directional(args: argparse.Namespace) -> bool:
@@ -628,6 +674,8 @@ def _describe(exc: Exception) -> str:
     """One line for an error: an OSError names its file and the system's reason."""
     if isinstance(exc, OSError) and exc.filename is not None:
         return f"{exc.filename}: {exc.strerror}"
+    if isinstance(exc, TransportConfigError):
+        return exc.naming(option_flag)
     return str(exc)
 
 
