@@ -151,11 +151,11 @@ def _build_agent(args: argparse.Namespace) -> Agent:
     from edge_agent.protocol.mac import read_key
     from edge_agent.transports import open_transport
 
+    agent_id = agent_id_for(args)
     profile = resolve_profile(args.profile)
     data = load_dataset(args.data, n_features=args.features)
     n_classes = args.classes
     model = make_model(args.model, n_features=data.n_features, n_classes=n_classes, l2=args.l2)
-    agent_id = agent_id_for(args)
     config = AgentConfig(
         job=args.job,
         agent_id=agent_id,
@@ -397,7 +397,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     parser.add_argument(
-        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="lowest level logged",
     )
     parser.add_argument("--log-format", default="text", choices=LOG_FORMATS, help=LOG_FORMAT_HELP)
     sub = parser.add_subparsers(
@@ -440,12 +443,22 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="number of features of the job's model (pads a shard that lacks the last features)",
     )
-    run.add_argument("--model", default="logreg", choices=["logreg", "lsq", "softmax"])
+    run.add_argument(
+        "--model",
+        default="logreg",
+        choices=["logreg", "lsq", "softmax"],
+        help="the job's model (must match the aggregator's AGG_MODEL)",
+    )
     run.add_argument("--classes", type=int, default=2, help="classes (softmax)")
     run.add_argument(
         "--l2", type=float, default=1e-3, help="l2 regularisation (must match the aggregator's)"
     )
-    run.add_argument("--compressor", default="topk", choices=["dense", "topk", "signtopk", "randk"])
+    run.add_argument(
+        "--compressor",
+        default="topk",
+        choices=["dense", "topk", "signtopk", "randk"],
+        help="how the update is compressed (one the job allows)",
+    )
     run.add_argument(
         "--policy", default="cat", help="how T is chosen: cat | fixed:T | dynamic | hybrid:S"
     )
@@ -468,7 +481,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--policy cat and compressor dense, topk or signtopk; guaranteed for one agent only "
         "(docs/curvature.md)",
     )
-    run.add_argument("--value-dtype", default="float32", choices=["float32", "float16", "float64"])
+    run.add_argument(
+        "--value-dtype",
+        default="float32",
+        choices=["float32", "float16", "float64"],
+        help="precision of the values sent",
+    )
     run.add_argument(
         "--duty-cycle",
         default="wait",
@@ -553,12 +571,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     prof.add_argument("--d", type=int, default=47236, help="model dimension")
     prof.add_argument(
-        "--compressor", default="topk", choices=["dense", "topk", "signtopk", "randk"]
+        "--compressor",
+        default="topk",
+        choices=["dense", "topk", "signtopk", "randk"],
+        help="the compressor to price",
     )
     prof.add_argument(
         "--gradient", default=None, help="a gradient (.npy) to price instead of a synthetic one"
     )
-    prof.add_argument("--seed", type=int, default=0)
+    prof.add_argument("--seed", type=int, default=0, help="seed of the synthetic gradient")
     prof.add_argument("--json", action="store_true", help="one JSON object per profile")
     prof.set_defaults(func=cmd_profiles)
 
@@ -575,8 +596,8 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         p = dsub.add_parser(name, help=helptext, formatter_class=fmt)
         if name == "generate":
-            p.add_argument("--rows", type=int, default=2000)
-            p.add_argument("--features", type=int, default=47236)
+            p.add_argument("--rows", type=int, default=2000, help="rows in all")
+            p.add_argument("--features", type=int, default=47236, help="features per row")
             p.add_argument(
                 "--no-idf",
                 action="store_true",
@@ -591,13 +612,15 @@ def build_parser() -> argparse.ArgumentParser:
             "--how", default="iid", choices=["iid", "label"], help="iid, or skewed by label"
         )
         p.add_argument("--out", required=True, help="output directory")
-        p.add_argument("--format", default="svm", choices=["svm", "npz"])
+        p.add_argument(
+            "--format", default="svm", choices=["svm", "npz"], help="file format of the shards"
+        )
         p.add_argument(
             "--full",
             action="store_true",
             help="also write the whole set (for the aggregator's evaluation)",
         )
-        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--seed", type=int, default=0, help="seed of the data and the split")
         p.add_argument(
             "--force", action="store_true", help="overwrite shards already in --out (else: exit 1)"
         )
@@ -681,11 +704,11 @@ def _describe(exc: Exception) -> str:
 
 class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows a flag's default, unless there is none to show (None, a store_true flag's
-    False) or the help text already says it ("default ...")."""
+    False) or the help text already says it ("(default: ...")."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        if action.default in (None, False) or "default" in text:
+        if action.default is None or action.default is False or "(default" in text:
             return text
         return super()._get_help_string(action)
 
