@@ -91,7 +91,7 @@ def wrong_d_fix(d: int) -> str:
     have that many features; ``--features`` can only pad a shard that has fewer."""
     return (
         f"the agent's data must have {d} features (softmax: d / classes): --features {d} pads "
-        f"a shard with fewer; a shard with more was made for another job: regenerate it "
+        f"a LIBSVM shard with fewer; a shard with more was made for another job: regenerate it "
         f"(edge-agent data generate --features {d}) or pass this job's shard with --data"
     )
 

@@ -441,7 +441,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--features",
         type=int,
         default=None,
-        help="number of features of the job's model (pads a shard that lacks the last features)",
+        help="number of features of the job's model: pads a LIBSVM shard that lacks the last "
+        "features; a .npz or .csv must have exactly this many (docs/data-formats.md)",
     )
     run.add_argument(
         "--model",
