@@ -180,9 +180,23 @@ def _by_fleet(results: Sequence[RunResult]) -> dict[str, list[RunResult]]:
     return fleets
 
 
+#: the table's columns after method, downlink, target and rounds: bytes both ways, the
+#: objective's cost summed both ways, and the lockstep time to the target
+_TABLE_COLUMNS: Final[tuple[tuple[str, str], ...]] = (
+    ("up_bytes", "bytes"),
+    ("down_bytes", "down_bytes"),
+    ("total_bytes", "total_bytes"),
+    *((f"total_{m}", f"total_{m}") for m in METRICS),
+    ("sim_time_s", "sim_time_s"),
+)
+
+
 def summary_table(results: Sequence[RunResult], targets: Sequence[float]) -> str:
-    """A plain-text table: one line per (fleet, method, target)."""
-    cols = ("method", "target", "rounds", *METRICS, "final", "sel_ms/rnd")
+    """A plain-text table: one line per (fleet, method, downlink, target), with the bytes
+    sent (up), received (down) and both (total), every metric summed both ways, and
+    ``sim_time_s`` (the lockstep time to the target, with duty cycles and pacing)."""
+    cols = ("method", "downlink", "target", "rounds", *(c for c, _ in _TABLE_COLUMNS),
+            "final", "sel_ms/rnd")  # fmt: skip
     lines: list[str] = []
     for label, group in _by_fleet(results).items():
         rows = [cols]
@@ -191,15 +205,19 @@ def summary_table(results: Sequence[RunResult], targets: Sequence[float]) -> str
                 rows.append(
                     (
                         rec["method"],
+                        rec["downlink"],
                         f"{rec['target']:g}",
                         _fmt(rec["rounds"]),
-                        *(_fmt(rec[m]) for m in METRICS),
+                        *(_fmt(rec[key]) for _, key in _TABLE_COLUMNS),
                         f"{rec['final_suboptimality']:.2e}",
                         f"{1e3 * rec['selection_s_per_round']:.3f}",
                     )
                 )
         widths = [max(len(str(row[i])) for row in rows) for i in range(len(cols))]
-        lines.append(f"== {label}  (costs: sum over agents, update messages only)")
+        lines.append(
+            f"== {label}  (sums over agents to the target: up = sent, down = received, "
+            "total = both; '-': not reached)"
+        )
         for row in rows:
             lines.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
         lines.append("")
