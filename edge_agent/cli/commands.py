@@ -126,20 +126,23 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def agent_id_for(args: argparse.Namespace) -> str:
-    """``--agent-id``, else ``--username`` (the shipped broker's identity), else the host name.
+    """``--agent-id``, else ``--username`` on MQTT (the shipped broker's identity), else the
+    host name.
 
     The shipped Mosquitto ACL (``pattern write cat/+/update/%u``) lets a user publish only
     under its own name and drops anything else without telling the client, so an id that
     differs from the user name is refused here (ConfigurationError, exit 2).
     """
-    if args.agent_id and args.username and args.agent_id != args.username:
+    mqtt = args.server.split("://", 1)[0] in ("mqtt", "mqtts")
+    username = args.username if mqtt else None  # ZeroMQ has no user names
+    if args.agent_id and username and args.agent_id != username:
         raise ConfigurationError(
             f"--agent-id {args.agent_id!r} differs from --username {args.username!r}: the "
             "shipped broker ACL (deploy/mosquitto/acl, pattern ... %u) drops every message an "
             f"agent publishes under another id. Drop --agent-id (it defaults to --username), "
             f"or pass --agent-id {args.username}"
         )
-    return str(args.agent_id or args.username or socket.gethostname().split(".")[0])
+    return str(args.agent_id or username or socket.gethostname().split(".")[0])
 
 
 def _build_agent(args: argparse.Namespace) -> Agent:
@@ -431,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--agent-id",
         default=None,
-        help="this agent's id (default: --username when given, else the host name); under "
+        help="this agent's id (default: --username on mqtt(s)://, else the host name); under "
         "the shipped broker ACL it must equal --username",
     )
     run.add_argument(

@@ -104,3 +104,11 @@ def test_agent_id_that_differs_from_username_exits_2(
     err = capsys.readouterr().err
     assert "--agent-id 'pi-02' differs from --username 'pi-01'" in err
     assert "--agent-id pi-01" in err  # the fix
+
+
+def test_agent_id_check_is_for_mqtt_only(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["run", "--profile", "lorawan_eu868_dr5_sf7", "--data", "missing.svm",
+            "--server", "zmq+tcp://127.0.0.1:1", "--username", "pi-01", "--agent-id", "pi-02"]  # fmt: skip
+    main(argv)
+    err = capsys.readouterr().err
+    assert "missing.svm" in err and "differs from --username" not in err
