@@ -17,8 +17,9 @@ Without the ``aggregator`` extras (a device install), ``aggregator --help`` stil
 
 ``serve`` exits 0 when uvicorn stops by itself, 2 on a configuration error (a setting, a
 transport setting the broker refuses: the line names the ``AGG_*`` variable), 1 on a
-broker that cannot be reached (worth a restart), 130 after SIGINT and 143 after SIGTERM
-(128 + the signal, once uvicorn has shut down gracefully).
+broker that cannot be reached or an HTTP port uvicorn cannot bind (worth a restart), 130
+after SIGINT and 143 after SIGTERM (128 + the signal, once uvicorn has shut down
+gracefully).
 """
 
 from __future__ import annotations
@@ -163,6 +164,15 @@ def serve(args: argparse.Namespace) -> int:
         uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level)
     except Stopped as stop:
         return 128 + stop.signum
+    except SystemExit as exc:  # uvicorn's own failures (a port in use: 3) may heal: retry
+        if exc.code in (0, None):
+            return 0
+        print(
+            f"aggregator: uvicorn could not serve on {settings.host}:{settings.port} (its "
+            "ERROR line above says why)",
+            file=sys.stderr,
+        )
+        return 1
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

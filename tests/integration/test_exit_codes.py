@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -238,3 +239,14 @@ def test_serve_exit_status_after_a_signal(broker: Broker, signum: int, status: i
     env = _serve_env(broker, f"zmq+tcp://127.0.0.1:{free_port_pair()}")
     cmd = [sys.executable, "-m", "aggregator", "serve"]
     assert _stopped_with(cmd, "Uvicorn running", signum, env) == status
+
+
+def test_serve_on_a_port_in_use_exits_1(broker: Broker) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        env = _serve_env(broker, f"zmq+tcp://127.0.0.1:{free_port_pair()}")
+        env["AGG_PORT"] = str(taken.getsockname()[1])
+        result = _run([sys.executable, "-m", "aggregator", "serve"], env)
+    assert result.returncode == 1, result.stderr
+    assert "uvicorn could not serve on 127.0.0.1:" in result.stderr
