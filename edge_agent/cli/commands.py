@@ -337,7 +337,10 @@ def build_parser() -> argparse.ArgumentParser:
         "run", help="join a job and train on a local data shard", formatter_class=fmt, epilog=EPILOG
     )
     run.add_argument(  # also after `run`, where the systemd unit's flags are
-        "--log-format", default=argparse.SUPPRESS, choices=LOG_FORMATS, help=LOG_FORMAT_HELP
+        "--log-format",
+        default=argparse.SUPPRESS,
+        choices=LOG_FORMATS,
+        help=f"{LOG_FORMAT_HELP} (default: the value before `run`, else text)",
     )
     run.add_argument(
         "--profile",
