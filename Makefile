@@ -12,13 +12,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# MQTT=1: through a private Mosquitto; KEEP=1: the aggregator (dashboard) stays up after the
+# summary until Ctrl-C, and the run directory is kept.
 demo: $(STAMP)
-	$(BIN)/python deploy/demo.py $(if $(MQTT),--mqtt,)
+	$(BIN)/python deploy/demo.py $(if $(MQTT),--mqtt,) $(if $(KEEP),--keep,)
 
 # The demo plus one agent whose feedback does not fit the job: its refusal, its WARNING
 # line and exit code 2, while the others train to the target.
 demo-misconfigured: $(STAMP)
-	$(BIN)/python deploy/demo.py --misconfigured $(if $(MQTT),--mqtt,)
+	$(BIN)/python deploy/demo.py --misconfigured $(if $(MQTT),--mqtt,) $(if $(KEEP),--keep,)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -14,6 +14,12 @@
 
 Without the ``aggregator`` extras (a device install), ``aggregator --help`` still works and
 ``aggregator serve`` prints the one-line install hint (exit 2) before doing anything.
+
+``serve`` exits 0 when uvicorn stops by itself, 2 on a configuration error (a setting, a
+transport setting the broker refuses: the line names the ``AGG_*`` variable), 1 on a
+broker that cannot be reached or an HTTP port uvicorn cannot bind (worth a restart), 130
+after SIGINT and 143 after SIGTERM (128 + the signal, once uvicorn has shut down
+gracefully).
 """
 
 from __future__ import annotations
@@ -22,8 +28,10 @@ import argparse
 import importlib
 import importlib.util
 import logging
+import signal
 import sys
 from collections.abc import Sequence
+from types import FrameType
 from typing import Any, Literal, get_args, get_origin
 
 from edge_agent.cli.commands import DefaultsFormatter, package_version
@@ -122,7 +130,8 @@ def serve(args: argparse.Namespace) -> int:
     """Start the service as ``uvicorn aggregator.app:app`` does (one log line and exit 2 or
     1 on failure: :mod:`aggregator.web.startup`), then serve it under uvicorn with every
     line in the ``AGG_LOG_FORMAT`` format (uvicorn's loggers print through the service's
-    handler: :func:`aggregator.service.logs.uvicorn_log_config`)."""
+    handler: :func:`aggregator.service.logs.uvicorn_log_config`). Exits 130 after SIGINT and
+    143 after SIGTERM, once uvicorn has shut down cleanly."""
     if args.missing is not None:
         return _not_installed(args.missing)
     import uvicorn
@@ -143,18 +152,46 @@ def serve(args: argparse.Namespace) -> int:
     except SystemExit as exc:  # logged in one line already
         return exc.code if isinstance(exc.code, int) else 2
     uvicorn_level = logging.getLogger().getEffectiveLevel()
-    try:
+    host, port = started.settings.host, started.settings.port
+    previous = {sig: signal.signal(sig, _raise_stopped) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:  # uvicorn shuts down on the signal, then raises it again: here, as Stopped
         uvicorn.run(
             create_app(started=started),
-            host=started.settings.host,
-            port=started.settings.port,
+            host=host,
+            port=port,
             log_config=uvicorn_log_config(),
             log_level=uvicorn_level,
         )
+    except Stopped as stop:
+        return 128 + stop.signum
     except CatEdgeError as exc:
         logging.getLogger("aggregator.cli").error("aggregator serve: %s", exc)
         return 1
+    except SystemExit as exc:  # uvicorn's own failures (a port in use: 3) may heal: retry
+        if exc.code in (0, None):
+            return 0
+        logging.getLogger("aggregator.cli").error(
+            "aggregator serve: uvicorn could not serve on %s:%s (its ERROR line above says why)",
+            host,
+            port,
+        )
+        return 1
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return 0
+
+
+class Stopped(Exception):
+    """A stop signal (SIGINT, SIGTERM), re-raised by uvicorn after its graceful shutdown."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, frame: FrameType | None) -> None:
+    raise Stopped(signum)
 
 
 # ---------------------------------------------------------------------------- simulate slot

@@ -6,9 +6,16 @@ shards until the loss reaches a target (relative suboptimality, f* from an L-BFG
 Shows a progress bar and the dashboard URL while it runs, ends with a summary table of what
 every agent sent, received and both, against what dense float32 would have cost both ways
 (dense updates up, one dense model change per agent per version down), and stops every
-process it started (also on Ctrl-C).
+process it started (also on Ctrl-C). It prints, at the start and in the summary, every
+setting of the aggregator and of the agents that differs from its default (the demo is
+small and fast; README's headline figures come from other settings, see docs/results.md).
+The progress bar redraws in place on a terminal only; in a log it is one line per 10 s.
 
     python deploy/demo.py [--agents 4] [--mqtt] [--target 0.05] [--keep] [--misconfigured]
+
+``--keep`` (``make demo KEEP=1``) leaves the aggregator (dashboard, ``/status``) and the
+broker running after the summary until Ctrl-C, and keeps the run directory (data, logs,
+checkpoints) afterwards.
 
 ``--misconfigured`` (``make demo-misconfigured``) adds one agent, ``agent-bad``, once the
 others have said hello, whose feedback family does not fit the job's (``AGG_FEEDBACK`` is
@@ -45,7 +52,9 @@ from aggregator.localnet import (
     StartupError,
     free_port_pair,
 )
+from aggregator.service.settings import Settings
 from aggregator.sim.optimum import solve_optimum
+from edge_agent.cli.commands import build_parser as agent_parser
 from edge_agent.data import make_rcv1_like, split_shards, write_libsvm
 from edge_agent.numerics.models import make_model
 
@@ -223,6 +232,7 @@ def follow(
     start = time.monotonic()
     status: dict[str, Any] = {}
     span = np.log10(1.0 / args.target)
+    live, printed = sys.stdout.isatty(), -LOG_EVERY_S
     while time.monotonic() - start < args.timeout_s:
         try:
             status = get_json(base + "/status")
@@ -236,10 +246,14 @@ def follow(
         frac = np.log10(1.0 / max(rel, 1e-300)) / span if rel > 0 else 1.0
         tot = status["totals"]
         line = (
-            f"\r{bar(frac)} round {status['round']:>5}  loss {loss if loss is not None else float('nan'):.5f}  "
+            f"{bar(frac)} round {status['round']:>5}  loss {loss if loss is not None else float('nan'):.5f}  "
             f"rel {rel:.3g}  sent {si(tot['bytes'], 'B')}, {si(tot['airtime_s'], 's')} airtime, {si(tot['energy_j'], 'J')}   "
         )
-        sys.stdout.write(line)
+        if live:  # redrawn in place
+            sys.stdout.write("\r" + line)
+        elif time.monotonic() - printed >= LOG_EVERY_S or status["state"] == "finished":
+            printed = time.monotonic()  # a log, a pipe: one plain line now and then
+            sys.stdout.write(line.rstrip() + "\n")
         sys.stdout.flush()
         _note_waiting(status, seen_waiting)
         if status["state"] == "finished":
@@ -263,6 +277,75 @@ def _note_waiting(status: dict[str, Any], seen: set[str] | None) -> None:
 
 
 BAD_AGENT = "agent-bad"
+#: off a terminal, the progress line is printed once per this many seconds
+LOG_EVERY_S = 10.0
+#: agent flags that differ per agent by design (not settings of the demo)
+PER_AGENT = frozenset({"agent_id", "profile", "data", "seed", "server"})
+#: settings every run sets for itself (the problem, ports, directories): listed by name only
+PER_RUN = frozenset({"AGG_D", "AGG_TRANSPORTS", "AGG_DATA_DIR", "AGG_EVAL_DATA", "AGG_TARGET_LOSS"})
+#: where README's headline ratio comes from (docs/results.md, "Both directions")
+HEADLINE = (
+    "README's 34x (total bytes vs dense) is `aggregator simulate` with 10 agents (LoRaWAN "
+    "SF7/SF12, BLE 5, NB-IoT), 10,000 rows, d=47,236, method cat-signtopk+ef21 (agents "
+    "--compressor signtopk), AGG_DOWNLINK=cat, target 1e-2 (docs/results.md); this demo runs "
+    "--compressor topk (the default) with the settings above"
+)
+
+
+def _is_default(value: str, default: Any) -> bool:
+    """Whether the environment value ``value`` means the settings default ``default``."""
+    if default is None:
+        return False
+    if isinstance(default, bool):
+        return value.strip().lower() in (
+            ("true", "1", "yes", "on") if default else ("false", "0", "no", "off")
+        )
+    if isinstance(default, int | float):
+        try:
+            return float(value) == float(default)
+        except ValueError:
+            return False
+    if isinstance(default, list | tuple):
+        return value == ",".join(str(v) for v in default)
+    return value == str(default)
+
+
+def aggregator_differences(settings: dict[str, str]) -> list[str]:
+    """``AGG_X=value (default d)`` for every demo setting that is not the service's default."""
+    out = []
+    for key, value in settings.items():
+        if key in PER_RUN:
+            continue
+        field = Settings.model_fields.get(key.removeprefix("AGG_").lower())
+        default = None if field is None else field.get_default(call_default_factory=True)
+        if not _is_default(value, default):
+            out.append(f"{key}={value} (default {'none' if default is None else default})")
+    return out
+
+
+def agent_differences(flags: list[str]) -> list[str]:
+    """``--flag value (default d)`` for every ``edge-agent run`` flag of the demo's agents
+    that differs from its default (per-agent ones, such as --agent-id, left out)."""
+    parser = agent_parser()
+    ns = vars(parser.parse_args(["run", *flags]))
+    required = ["--profile", str(ns["profile"]), "--data", str(ns["data"])]
+    defaults = vars(parser.parse_args(["run", *required]))
+    out = []
+    for key, value in ns.items():
+        if key in PER_AGENT or value == defaults.get(key):
+            continue
+        flag, default = "--" + key.replace("_", "-"), defaults.get(key)
+        shown = "none" if default is None else default
+        out.append(flag if value is True else f"{flag} {value} (default {shown})")
+    return out
+
+
+def print_differences(settings: dict[str, str], flags: list[str]) -> None:
+    """Every aggregator setting and agent flag of the demo that is not the default."""
+    print("settings that differ from the defaults:")
+    print("  aggregator: " + ", ".join(aggregator_differences(settings)))
+    print(f"              (and, for this run: {', '.join(sorted(PER_RUN & set(settings)))})")
+    print("  agents:     " + ", ".join(agent_differences(flags)))
 
 
 def wait_for_agents(base: str, n: int, timeout_s: float) -> None:
@@ -349,18 +432,38 @@ def start_agent(
 ) -> subprocess.Popen[bytes]:
     """One ``edge-agent run`` on shard ``index`` (the shards of the fleet; the misconfigured
     agent reuses shard 0), logging to ``<work>/<agent_id>.log``; ``extra`` flags win."""
+    cmd = [sys.executable, "-m", "edge_agent.cli", "run",
+           *agent_flags(work, server, args, agent_id, profile, index), *extra]  # fmt: skip
+    with (work / f"{agent_id}.log").open("wb") as log:
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, cwd=ROOT)
+
+
+def agent_flags(
+    work: Path, server: str, args: argparse.Namespace, agent_id: str, profile: str, index: int
+) -> list[str]:
+    """The ``edge-agent run`` flags of one demo agent (shard ``index``; the misconfigured
+    agent reuses shard 0)."""
     shard = work / f"shard-{index}.svm"
     if not shard.is_file():
         shard = work / "shard-0.svm"
-    cmd = [
-        *(sys.executable, "-m", "edge_agent.cli", "run", "--server", server, "--job", "demo"),
+    return [
+        *("--server", server, "--job", "demo"),
         *("--agent-id", agent_id, "--profile", profile, "--data", str(shard)),
-        *("--features", str(args.features), "--l2", str(args.l2), "--feedback", args.feedback),
+        *("--features", str(args.features), "--l2", str(args.l2)),
         *("--duty-cycle", "ignore", "--seed", str(index), "--quiet", "--resend-s", "5"),
-        *extra,
+        # the agents' own default is ef21 (the job's AGG_FEEDBACK below)
+        *(("--feedback", args.feedback) if args.feedback != "ef21" else ()),
     ]
-    with (work / f"{agent_id}.log").open("wb") as log:
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, cwd=ROOT)
+
+
+def stay_up(base: str) -> None:
+    """``--keep``: leave the aggregator and the broker serving until Ctrl-C."""
+    print(f"\n--keep: the aggregator stays up at {base}/ (dashboard, /status); Ctrl-C stops it")
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        print()
 
 
 def main() -> int:
@@ -409,7 +512,10 @@ def main() -> int:
     )
     ap.add_argument("--timeout-s", type=float, default=300.0, help="give up after this long")
     ap.add_argument(
-        "--keep", action="store_true", help="keep the run directory (data, logs, checkpoints)"
+        "--keep",
+        action="store_true",
+        help="after the summary, keep the aggregator and broker running until Ctrl-C, and "
+        "keep the run directory (data, logs, checkpoints)",
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
@@ -475,6 +581,8 @@ def main() -> int:
             "AGG_MAX_ROUNDS": str(args.max_rounds),
             "AGG_CHECKPOINT_EVERY": "20",
         }
+        flags = agent_flags(work, server, args, "agent-0", FLEET[0], 0)
+        print_differences(settings, flags)
         service = ServiceProcess(work, settings, port=args.port or None)
         service.start(timeout_s=30)
         base = service.base_url
@@ -520,6 +628,8 @@ def main() -> int:
         print(f"final loss {status.get('loss')}, accuracy {status.get('accuracy')}\n")
         dense_rounds = dense_gd_rounds(model, full, target_loss, args.max_rounds)
         print(summary_table(agents, status, dense_rounds))
+        print_differences(settings, flags)
+        print(HEADLINE)
         if bad is not None:
             facts = report_misconfigured(bad, work / f"{BAD_AGENT}.log", seen, timeout_s=5.0)
             rejected = status.get("updates_rejected") or {}
@@ -536,8 +646,12 @@ def main() -> int:
                 )
             )
             named = any(r["agent"] == BAD_AGENT for r in facts["refused_agents"])
-            return 0 if reached and facts["exit_code"] == 2 and named else 1
-        return 0 if reached else 1
+            result = 0 if reached and facts["exit_code"] == 2 and named else 1
+        else:
+            result = 0 if reached else 1
+        if args.keep:
+            stay_up(base)
+        return result
     except StartupError as exc:
         raise SystemExit(f"demo: {exc}") from None
     except KeyboardInterrupt:

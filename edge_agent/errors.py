@@ -25,6 +25,9 @@ Exception policy (which exception for what):
     raise it through :func:`lookup`, which lists the valid names.
   - :class:`TransportError` -- a transport URL that does not parse, or a broker/socket
     that cannot connect, publish or subscribe (including unreadable key files).
+    Its subclass :class:`TransportConfigError` is a setting that no retry heals (wrong
+    credentials, an untrusted CA, TLS against a plain listener, a bad option): the CLIs
+    exit 2 on it and name the flag or variable of the option it carries.
   - In the aggregator: ``aggregator.service.settings.SettingsError`` (environment settings) and
     ``aggregator.service.store.CheckpointError`` (a checkpoint or journal that cannot be restored).
 
@@ -37,7 +40,7 @@ Exception policy (which exception for what):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -72,6 +75,28 @@ class DataError(CatEdgeError, ValueError):
 
 class TransportError(CatEdgeError):
     """A transport could not connect, publish or subscribe."""
+
+
+class TransportConfigError(TransportError):
+    """A transport setting is wrong and retrying cannot heal it (exit 2 at the CLIs).
+
+    ``options`` are the transport's own option names to fix (``password_file``, ``ca_file``,
+    ``username``, ...; ``url`` for the URL itself). ``text`` is the message with each of them
+    written as ``{name}``; ``str()`` fills in "option <name>", and each entry point fills in
+    its own spelling (a flag, a variable) with :meth:`naming`.
+    """
+
+    def __init__(self, text: str, *options: str) -> None:
+        self.text = text
+        self.options = options
+        super().__init__(self.naming(lambda name: f"option {name}"))
+
+    def naming(self, spell: Callable[[str], str]) -> str:
+        """The message with every ``{option}`` replaced by ``spell(option)``."""
+        out = self.text
+        for name in self.options:
+            out = out.replace("{" + name + "}", spell(name))
+        return out
 
 
 def lookup(registry: Mapping[str, T], name: str, what: str) -> T:

@@ -203,7 +203,7 @@ def check_hello(
     if hello.d != d:
         raise Reject(
             "wrong_d",
-            f"{agent}: d={hello.d}; job has d={d} (AGG_D); run the agent with --features {d}",
+            f"{agent}: d={hello.d}; job has d={d} (AGG_D); {jobinfo.wrong_d_fix(d)}",
         )
     if hello.model != model:
         raise Reject(

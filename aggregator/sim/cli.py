@@ -24,6 +24,7 @@ from aggregator.sim.report import (
     summary_table,
     write_json,
 )
+from edge_agent.cli.commands import DefaultsFormatter
 from edge_agent.data import SHARDINGS
 from edge_agent.errors import CatEdgeError
 from edge_agent.numerics.models import MODELS
@@ -61,7 +62,7 @@ def _problem_arguments(p: argparse.ArgumentParser) -> None:
     d.add_argument("--rows", type=int, default=2000, help="rows of the generated RCV1-like set")
     d.add_argument("--features", type=int, default=47_236, help="features of the generated set")
     d.add_argument("--seed", type=int, default=0, help="data, shards and agents' random choices")
-    d.add_argument("--model", default="logreg", choices=sorted(MODELS))
+    d.add_argument("--model", default="logreg", choices=sorted(MODELS), help="the model trained")
     d.add_argument("--l2", type=float, default=1e-3, help="l2 regularisation lambda")
     d.add_argument("--split", default="iid", choices=sorted(SHARDINGS), help="shard rule")
 
@@ -337,6 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="aggregator simulate",
         description="Run N real agents and the real round engine in-process over memory:// "
         "and report the communication each method needs to reach each suboptimality target.",
+        formatter_class=DefaultsFormatter,
     )
     add_arguments(parser)
     return parser

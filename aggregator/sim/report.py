@@ -102,12 +102,17 @@ def write_json(results: Sequence[RunResult], targets: Sequence[float], path: str
 
 
 class ProgressBar:
-    """A one-line text progress bar on a stream (stderr), redrawn at most every 0.2 s."""
+    """A one-line text progress bar on a stream (stderr), redrawn at most every 0.2 s.
+
+    Only on a terminal: on anything else (a log file, a pipe, CI) a carriage return would
+    pile every redraw into one line, so each run gets one plain line when it ends instead.
+    """
 
     def __init__(self, stream: TextIO, total_runs: int, *, enabled: bool = True) -> None:
         self.stream = stream
         self.total = total_runs
         self.enabled = enabled
+        self.live = enabled and _is_terminal(stream)
         self.index = 0
         self.label = ""
         self.max_rounds = 1
@@ -122,28 +127,37 @@ class ProgressBar:
 
     def update(self, k: int, subopt: float) -> None:
         now = time.monotonic()
-        if not self.enabled or now - self._last < 0.2:
+        if not self.live or now - self._last < 0.2:
             return
         self._last = now
+        self.stream.write("\r" + self._line(k, subopt))
+        self.stream.flush()
+
+    def _line(self, k: int, subopt: float) -> str:
         frac = k / self.max_rounds
         if 0 < subopt < 1:  # progress towards the goal on a log scale
             frac = max(frac, math.log(subopt) / math.log(self.goal))
         frac = min(1.0, max(0.0, frac))
         width = 24
         bar = "#" * round(frac * width)
-        self.stream.write(
-            f"\r[{self.index}/{self.total}] {self.label[:48]:<48} |{bar:<{width}}| "
+        return (
+            f"[{self.index}/{self.total}] {self.label[:48]:<48} |{bar:<{width}}| "
             f"round {k:>6} subopt {subopt:9.3e}"
         )
-        self.stream.flush()
 
     def end(self, result: RunResult) -> None:
         if not self.enabled:
             return
-        self._last = 0.0
-        self.update(result.rounds_run, result.trace.subopt[-1])
-        self.stream.write(f"  {result.wall_s:6.1f}s\n")
+        last = self._line(result.rounds_run, result.trace.subopt[-1])
+        redraw = "\r" if self.live else ""
+        self.stream.write(f"{redraw}{last}  {result.wall_s:6.1f}s\n")
         self.stream.flush()
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    """True when ``stream`` is a terminal (a stream without ``isatty`` is not)."""
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty is not None and isatty())
 
 
 # --------------------------------------------------------------------------- table
@@ -166,9 +180,23 @@ def _by_fleet(results: Sequence[RunResult]) -> dict[str, list[RunResult]]:
     return fleets
 
 
+#: the table's columns after method, downlink, target and rounds: bytes both ways, the
+#: objective's cost summed both ways, and the lockstep time to the target
+_TABLE_COLUMNS: Final[tuple[tuple[str, str], ...]] = (
+    ("up_bytes", "bytes"),
+    ("down_bytes", "down_bytes"),
+    ("total_bytes", "total_bytes"),
+    *((f"total_{m}", f"total_{m}") for m in METRICS),
+    ("sim_time_s", "sim_time_s"),
+)
+
+
 def summary_table(results: Sequence[RunResult], targets: Sequence[float]) -> str:
-    """A plain-text table: one line per (fleet, method, target)."""
-    cols = ("method", "target", "rounds", *METRICS, "final", "sel_ms/rnd")
+    """A plain-text table: one line per (fleet, method, downlink, target), with the bytes
+    sent (up), received (down) and both (total), every metric summed both ways, and
+    ``sim_time_s`` (the lockstep time to the target, with duty cycles and pacing)."""
+    cols = ("method", "downlink", "target", "rounds", *(c for c, _ in _TABLE_COLUMNS),
+            "final", "sel_ms/rnd")  # fmt: skip
     lines: list[str] = []
     for label, group in _by_fleet(results).items():
         rows = [cols]
@@ -177,15 +205,19 @@ def summary_table(results: Sequence[RunResult], targets: Sequence[float]) -> str
                 rows.append(
                     (
                         rec["method"],
+                        rec["downlink"],
                         f"{rec['target']:g}",
                         _fmt(rec["rounds"]),
-                        *(_fmt(rec[m]) for m in METRICS),
+                        *(_fmt(rec[key]) for _, key in _TABLE_COLUMNS),
                         f"{rec['final_suboptimality']:.2e}",
                         f"{1e3 * rec['selection_s_per_round']:.3f}",
                     )
                 )
         widths = [max(len(str(row[i])) for row in rows) for i in range(len(cols))]
-        lines.append(f"== {label}  (costs: sum over agents, update messages only)")
+        lines.append(
+            f"== {label}  (sums over agents to the target: up = sent, down = received, "
+            "total = both; '-': not reached)"
+        )
         for row in rows:
             lines.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
         lines.append("")

@@ -12,7 +12,10 @@ process (SystemExit) with:
   profiles directory (``CAT_EDGE_PROFILES_DIR``) that is missing or empty, a checkpoint or
   history file that cannot be restored, a data directory that cannot be written or that
   another aggregator holds (its lock names the holder). The shipped systemd unit does not
-  restart on 2.
+  restart on 2. A transport setting the broker or TLS refuses
+  (:class:`~edge_agent.errors.TransportConfigError`: a wrong MQTT user name or password,
+  a CA that did not sign the broker's certificate, TLS against a plain listener) is one of
+  these too; the line names the ``AGG_*`` variable to fix (:func:`setting_for`).
 * exit 1 (:data:`EXIT_RETRY`) for what may heal by itself: a broker or socket that cannot
   connect (:class:`~edge_agent.errors.TransportError`). systemd restarts it with back-off.
 
@@ -34,11 +37,12 @@ from aggregator.service.settings import (
     Settings,
     SettingsError,
     check_profiles_dir,
+    env_name,
     load_settings,
 )
 from aggregator.web.agent_metrics import max_agents_from
 from aggregator.web.metrics import AggregatorMetrics
-from edge_agent.errors import CatEdgeError, TransportError, lookup
+from edge_agent.errors import CatEdgeError, TransportConfigError, TransportError, lookup
 from edge_agent.transports import TRANSPORTS, parse_url
 
 log = logging.getLogger("aggregator.web.startup")
@@ -57,14 +61,37 @@ class Started:
 
 
 def exit_code(exc: BaseException) -> int:
-    """1 for a transport that cannot connect (it may come back), else 2 (fix the config)."""
-    return EXIT_RETRY if isinstance(exc, TransportError) else EXIT_CONFIG
+    """1 for a transport that cannot connect (it may come back), else 2 (fix the config,
+    including a transport setting the broker refuses: :class:`TransportConfigError`)."""
+    retry = isinstance(exc, TransportError) and not isinstance(exc, TransportConfigError)
+    return EXIT_RETRY if retry else EXIT_CONFIG
+
+
+#: the setting behind each transport option that is not ``AGG_MQTT_<OPTION>``
+_SETTING_OF_OPTION = {
+    "url": env_name("transports"),
+    "curve_server_secret_file": env_name("zmq_secret_key_file"),
+    "curve_agents_dir": env_name("zmq_agents_dir"),
+}
+#: the transport options set by an ``AGG_MQTT_<OPTION>`` variable
+_MQTT_OPTIONS = frozenset({"username", "password_file", "ca_file", "cert_file", "key_file",
+                           "tls_insecure"})  # fmt: skip
+
+
+def setting_for(option: str) -> str:
+    """The ``AGG_*`` variable that sets transport option ``option`` (else: where it goes)."""
+    if option in _MQTT_OPTIONS:
+        return env_name(f"mqtt_{option}")
+    return _SETTING_OF_OPTION.get(option, f"option {option} in {env_name('transports')}")
 
 
 def describe(exc: BaseException) -> str:
-    """One line: an OSError names its file; anything else its message, newlines folded."""
+    """One line: an OSError names its file; a transport setting its ``AGG_*`` variable;
+    anything else its message; newlines folded."""
     if isinstance(exc, OSError) and exc.filename is not None:
         text = f"{exc.filename}: {exc.strerror}"
+    elif isinstance(exc, TransportConfigError):
+        text = exc.naming(setting_for)
     else:
         text = str(exc) or type(exc).__name__
     return " ".join(text.split())

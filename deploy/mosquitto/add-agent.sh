@@ -26,6 +26,8 @@
 # Removing a user: mosquitto_passwd -D PASSWORD_FILE AGENT_ID, then reload.
 #
 # The password never appears on a command line (mosquitto_passwd reads it on stdin).
+#
+# Exit status: 0 done, 2 a usage error (a bad option or argument), 1 any other failure.
 set -euo pipefail
 
 readonly ID_RE='^[A-Za-z0-9._-]{1,64}$'
@@ -40,6 +42,12 @@ die() {
     exit 1
 }
 
+# A usage error (a bad option or argument): exit 2, as argparse and the CLIs do.
+usage_error() {
+    echo "add-agent.sh: $*" >&2
+    exit 2
+}
+
 password_file="/etc/mosquitto/cat-edge/passwd"
 secret_out=""
 user=""
@@ -48,12 +56,12 @@ aggregator=0
 while (($# > 0)); do
     case "$1" in
         -f | --password-file)
-            [[ $# -ge 2 && -n "$2" ]] || die "$1 needs a path"
+            [[ $# -ge 2 && -n "$2" ]] || usage_error "$1 needs a path"
             password_file="$2"
             shift 2
             ;;
         -o | --secret-out)
-            [[ $# -ge 2 && -n "$2" ]] || die "$1 needs a path"
+            [[ $# -ge 2 && -n "$2" ]] || usage_error "$1 needs a path"
             secret_out="$2"
             shift 2
             ;;
@@ -66,10 +74,10 @@ while (($# > 0)); do
             exit 0
             ;;
         -*)
-            die "unknown option $1 (see --help)"
+            usage_error "unknown option $1 (see --help)"
             ;;
         *)
-            [[ -z "$user" ]] || die "only one AGENT_ID, got '$user' and '$1'"
+            [[ -z "$user" ]] || usage_error "only one AGENT_ID, got '$user' and '$1'"
             user="$1"
             shift
             ;;
@@ -77,12 +85,12 @@ while (($# > 0)); do
 done
 
 if ((aggregator)); then
-    [[ -z "$user" || "$user" == "$RESERVED" ]] || die "--aggregator creates user '$RESERVED'; do not give an AGENT_ID"
+    [[ -z "$user" || "$user" == "$RESERVED" ]] || usage_error "--aggregator creates user '$RESERVED'; do not give an AGENT_ID"
     user="$RESERVED"
 else
-    [[ -n "$user" ]] || die "missing AGENT_ID (see --help)"
-    [[ "$user" =~ $ID_RE ]] || die "invalid agent id '$user': use 1 to 64 characters from A-Z a-z 0-9 . _ -"
-    [[ "$user" != "$RESERVED" ]] || die "'$RESERVED' is reserved for the aggregator; use --aggregator to create it"
+    [[ -n "$user" ]] || usage_error "missing AGENT_ID (see --help)"
+    [[ "$user" =~ $ID_RE ]] || usage_error "invalid agent id '$user': use 1 to 64 characters from A-Z a-z 0-9 . _ -"
+    [[ "$user" != "$RESERVED" ]] || usage_error "'$RESERVED' is reserved for the aggregator; use --aggregator to create it"
 fi
 
 passwd_bin="$(PATH="$PATH:/usr/sbin:/usr/local/sbin" command -v mosquitto_passwd || true)"

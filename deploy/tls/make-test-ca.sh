@@ -19,12 +19,20 @@
 #   --client ID          also make client-ID.crt/.key (CN=ID) for mutual TLS
 #                        (repeatable; ID as in add-agent.sh)
 #   --days N             validity in days (default 30: test certificates should die)
+#   --group GROUP        make OUT_DIR (0750) and server.key (0640) readable by GROUP,
+#                        the broker's group: Mosquitto reads its key after it has
+#                        dropped root, as user mosquitto. Default: mosquitto when run
+#                        as root and that group exists; otherwise none (0700/0600:
+#                        readable only by you, which suits a broker you run yourself)
 #   --force              overwrite existing files in OUT_DIR
 #   -h, --help           this text
 #
 # Writes into OUT_DIR (created with mode 0700; never inside the cat-edge repository):
 #   ca.crt ca.key server.crt server.key [client-ID.crt client-ID.key ...]
-# Keys are ECDSA P-256, mode 0600. Needs: openssl (1.1.1 or 3.x).
+# Keys are ECDSA P-256, mode 0600 (server.key 0640 with a group). Needs: openssl
+# (1.1.1 or 3.x).
+#
+# Exit status: 0 done, 2 a usage error (a bad option or argument), 1 any other failure.
 set -euo pipefail
 
 readonly ID_RE='^[A-Za-z0-9._-]{1,64}$'
@@ -38,36 +46,49 @@ die() {
     exit 1
 }
 
+# A usage error (a bad option or argument): exit 2, as argparse and the CLIs do.
+usage_error() {
+    echo "make-test-ca.sh: $*" >&2
+    exit 2
+}
+
 server_names=()
 server_ips=()
 clients=()
 days=30
 force=0
 out_dir=""
+group=""
 
 while (($# > 0)); do
     case "$1" in
         --server-name)
-            [[ $# -ge 2 && -n "$2" ]] || die "--server-name needs a DNS name"
-            [[ "$2" =~ ^[A-Za-z0-9.-]+$ ]] || die "--server-name: not a DNS name: $2"
+            [[ $# -ge 2 && -n "$2" ]] || usage_error "--server-name needs a DNS name"
+            [[ "$2" =~ ^[A-Za-z0-9.-]+$ ]] || usage_error "--server-name: not a DNS name: $2"
             server_names+=("$2")
             shift 2
             ;;
         --server-ip)
-            [[ $# -ge 2 && -n "$2" ]] || die "--server-ip needs an IP address"
-            [[ "$2" =~ ^[0-9A-Fa-f.:]+$ ]] || die "--server-ip: not an IP address: $2"
+            [[ $# -ge 2 && -n "$2" ]] || usage_error "--server-ip needs an IP address"
+            [[ "$2" =~ ^[0-9A-Fa-f.:]+$ ]] || usage_error "--server-ip: not an IP address: $2"
             server_ips+=("$2")
             shift 2
             ;;
         --client)
-            [[ $# -ge 2 ]] || die "--client needs an agent id"
-            [[ "$2" =~ $ID_RE ]] || die "--client: invalid id '$2' (1..64 of A-Z a-z 0-9 . _ -)"
+            [[ $# -ge 2 ]] || usage_error "--client needs an agent id"
+            [[ "$2" =~ $ID_RE ]] || usage_error "--client: invalid id '$2' (1..64 of A-Z a-z 0-9 . _ -)"
             clients+=("$2")
             shift 2
             ;;
         --days)
-            [[ $# -ge 2 && "$2" =~ ^[1-9][0-9]*$ ]] || die "--days needs a positive integer"
+            [[ $# -ge 2 && "$2" =~ ^[1-9][0-9]*$ ]] || usage_error "--days needs a positive integer"
             days="$2"
+            shift 2
+            ;;
+        --group)
+            [[ $# -ge 2 && -n "$2" ]] || usage_error "--group needs a group name"
+            getent group "$2" >/dev/null 2>&1 || usage_error "--group: no group '$2' on this host"
+            group="$2"
             shift 2
             ;;
         --force)
@@ -79,17 +100,17 @@ while (($# > 0)); do
             exit 0
             ;;
         -*)
-            die "unknown option $1 (see --help)"
+            usage_error "unknown option $1 (see --help)"
             ;;
         *)
-            [[ -z "$out_dir" ]] || die "only one OUT_DIR, got '$out_dir' and '$1'"
+            [[ -z "$out_dir" ]] || usage_error "only one OUT_DIR, got '$out_dir' and '$1'"
             out_dir="$1"
             shift
             ;;
     esac
 done
 
-[[ -n "$out_dir" ]] || die "missing OUT_DIR (see --help)"
+[[ -n "$out_dir" ]] || usage_error "missing OUT_DIR (see --help)"
 command -v openssl >/dev/null 2>&1 || die "openssl not found; install it (apt-get install openssl)"
 
 # Refuse to write keys into the repository this script lives in: a committed CA key
@@ -167,5 +188,17 @@ for id in "${clients[@]+"${clients[@]}"}"; do
 done
 
 chmod 0644 "$out_dir"/*.crt
+if [[ -z "$group" ]] && ((EUID == 0)) && getent group mosquitto >/dev/null 2>&1; then
+    group=mosquitto
+fi
+if [[ -n "$group" ]]; then
+    chgrp "$group" "$out_dir" "$out_dir/server.key" \
+        || die "cannot give $out_dir and server.key to group $group (be root or a member)"
+    chmod 0750 "$out_dir"
+    chmod 0640 "$out_dir/server.key"
+    echo "make-test-ca.sh: $out_dir (0750) and server.key (0640) readable by group $group" >&2
+else
+    echo "make-test-ca.sh: keys readable by you only; for a system Mosquitto pass --group mosquitto (or run as root)" >&2
+fi
 echo "make-test-ca.sh: TEST certificates in $out_dir (valid $days days; SAN $san)" >&2
 echo "make-test-ca.sh: WARNING: for tests only; ca.key is unencrypted and can sign anything" >&2

@@ -86,6 +86,16 @@ def parse(payload: bytes) -> JobInfo | None:
         raise WireFormatError(f"job info: {first.get('loc')}: {first.get('msg')}") from None
 
 
+def wrong_d_fix(d: int) -> str:
+    """What to do when an agent's model size is not the job's ``d`` (AGG_D): its data must
+    have that many features; ``--features`` can only pad a shard that has fewer."""
+    return (
+        f"the agent's data must have {d} features (softmax: d / classes): --features {d} pads "
+        f"a LIBSVM shard with fewer; a shard with more was made for another job: regenerate it "
+        f"(edge-agent data generate --features {d}) or pass this job's shard with --data"
+    )
+
+
 def conflict(
     info: JobInfo, *, job: str, d: int, model: str, semantics: str, compressor: str
 ) -> str | None:
@@ -93,9 +103,7 @@ def conflict(
     if info.job != job:
         return None  # another job's announcement: not ours to judge
     if info.d != d:
-        return (
-            f"job {job} has d={info.d} (AGG_D), this agent d={d}: run it with --features {info.d}"
-        )
+        return f"job {job} has d={info.d} (AGG_D), this agent d={d}: {wrong_d_fix(info.d)}"
     if info.model != model:
         return (
             f"job {job} runs model {info.model!r} (AGG_MODEL), this agent {model!r}: "

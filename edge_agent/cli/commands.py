@@ -3,8 +3,10 @@
 Every subcommand has ``--help``; errors name the bad argument and the fix. Exit status:
 0 done; 2 a configuration error, which no restart heals (a bad flag, as argparse does;
 for ``run`` also an unknown profile, a missing data or password file, a bad server URL,
-and an aggregator that keeps refusing the agent's settings); 1 any other error (e.g. the
-broker is unreachable: worth a restart); 130 interrupted.
+credentials the broker refuses, a CA that does not sign the broker's certificate, TLS
+against a plain listener, an ``--agent-id`` the shipped ACL drops, and an aggregator that
+keeps refusing the agent's settings); 1 any other error (e.g. the broker is unreachable:
+worth a restart); 130 stopped by SIGINT (Ctrl-C), 143 by SIGTERM (128 + the signal).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import numpy as np
 from edge_agent.cli.keys import add_keys_parser
 from edge_agent.cli.logs import LOG_FORMATS
 from edge_agent.cli.logs import configure as configure_logging
-from edge_agent.errors import CatEdgeError
+from edge_agent.cli.profiles import cmd_profiles
+from edge_agent.errors import CatEdgeError, TransportConfigError
 
 if TYPE_CHECKING:  # the agent's imports load only for `run`
     from edge_agent.agent.loop import Agent
@@ -75,19 +78,41 @@ class ConfigurationError(CatEdgeError):
     """A setting of ``run`` is wrong (exit 2: restarting will not help)."""
 
 
+#: the ``run`` flag (or variable) that sets each transport option, where it is not
+#: ``--<option-with-dashes>``
+_OPTION_FLAGS = {
+    "url": "--server",
+    "password": "the password in --server",
+    "password_env": "CAT_EDGE_MQTT_PASSWORD",
+    "tls_insecure": "?tls_insecure=true in --server",
+    "curve_server_public_key_file": "--zmq-server-key-file",
+    "curve_client_secret_file": "--zmq-secret-key-file",
+}
+
+
+def option_flag(option: str) -> str:
+    """The ``edge-agent run`` flag that sets transport option ``option``."""
+    return _OPTION_FLAGS.get(option, "--" + option.replace("_", "-"))
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     try:
         agent = _build_agent(args)
     except (CatEdgeError, OSError, ValueError) as exc:
         raise ConfigurationError(_describe(exc)) from exc
+    signals: list[int] = []
 
     def _on_signal(signum: int, frame: FrameType | None) -> None:
         log.info("signal %s: stopping", signal.Signals(signum).name)
+        signals.append(signum)
         agent.stop()
 
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
-    agent.start()
+    try:
+        agent.start()
+    except TransportConfigError as exc:
+        raise ConfigurationError(_describe(exc)) from exc
     try:
         agent.run()
     finally:
@@ -98,7 +123,27 @@ def cmd_run(args: argparse.Namespace) -> int:
         np.save(args.save_model, agent.x)
     if agent.gave_up is not None:
         raise ConfigurationError(agent.gave_up)
-    return 0
+    return 128 + signals[0] if signals else 0
+
+
+def agent_id_for(args: argparse.Namespace) -> str:
+    """``--agent-id``, else ``--username`` on MQTT (the shipped broker's identity), else the
+    host name.
+
+    The shipped Mosquitto ACL (``pattern write cat/+/update/%u``) lets a user publish only
+    under its own name and drops anything else without telling the client, so an id that
+    differs from the user name is refused here (ConfigurationError, exit 2).
+    """
+    mqtt = args.server.split("://", 1)[0] in ("mqtt", "mqtts")
+    username = args.username if mqtt else None  # ZeroMQ has no user names
+    if args.agent_id and username and args.agent_id != username:
+        raise ConfigurationError(
+            f"--agent-id {args.agent_id!r} differs from --username {args.username!r}: the "
+            "shipped broker ACL (deploy/mosquitto/acl, pattern ... %u) drops every message an "
+            f"agent publishes under another id. Drop --agent-id (it defaults to --username), "
+            f"or pass --agent-id {args.username}"
+        )
+    return str(args.agent_id or username or socket.gethostname().split(".")[0])
 
 
 def _build_agent(args: argparse.Namespace) -> Agent:
@@ -110,11 +155,11 @@ def _build_agent(args: argparse.Namespace) -> Agent:
     from edge_agent.protocol.mac import read_key
     from edge_agent.transports import open_transport
 
+    agent_id = agent_id_for(args)
     profile = resolve_profile(args.profile)
     data = load_dataset(args.data, n_features=args.features)
     n_classes = args.classes
     model = make_model(args.model, n_features=data.n_features, n_classes=n_classes, l2=args.l2)
-    agent_id = args.agent_id or socket.gethostname().split(".")[0]
     config = AgentConfig(
         job=args.job,
         agent_id=agent_id,
@@ -190,84 +235,6 @@ def _peak_rss_mb() -> float | None:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024.0
     return None
-
-
-# --------------------------------------------------------------------------- profiles
-
-
-def cmd_profiles(args: argparse.Namespace) -> int:
-    from edge_agent.links.profiles import list_profiles, resolve_profile
-    from edge_agent.numerics.selection import make_price, select
-    from edge_agent.protocol.wire import encoded_size
-
-    profiles = (
-        [resolve_profile(p) for p in args.profile] if args.profile else list_profiles(args.dir)
-    )
-    if args.gradient:
-        g = np.load(args.gradient).astype(np.float64).ravel()
-    else:
-        rng = np.random.default_rng(args.seed)
-        g = rng.standard_normal(args.d) * rng.pareto(1.5, args.d)
-    d = g.size
-    rows = []
-    for p in profiles:
-        price = make_price(p, args.compressor, d=d, job="job", agent="agent")
-        sel = select(g, args.compressor, price) if args.compressor != "dense" else None
-        t = sel.t if sel else d
-        size = int(
-            encoded_size(args.compressor, d=d, t=t, job="job", agent="agent", round=0, seq=0)
-        )
-        dense_size = int(encoded_size("dense", d=d, t=d, job="job", agent="agent", round=0, seq=0))
-        c, dc = p.message_cost(size), p.message_cost(dense_size)
-        objective = p.objective
-        # receiving the dense model once (what a dense broadcast costs this device), and the
-        # network's daily downlink cap (None: no cap); a profile without a downlink part is symmetric
-        down_dense = p.downlink_cost(dense_size)
-        rows.append(
-            {
-                "profile": p.name,
-                "kind": p.kind,
-                "objective": objective,
-                "max_payload_bytes": p.max_payload_bytes,
-                "duty_cycle": p.duty_cycle,
-                "t": t,
-                "size_bytes": size,
-                "packets": c.packets,
-                "airtime_s": c.airtime_s,
-                "energy_j": c.energy_j,
-                "dense_size_bytes": dense_size,
-                "cost_vs_dense": getattr(c, objective if objective != "packets" else "packets")
-                / max(getattr(dc, objective if objective != "packets" else "packets"), 1e-300),
-                "downlink_dense_cost": getattr(down_dense.cost, objective),
-                "downlink_dense_packets": down_dense.packets,
-                "max_downlinks_per_day": p.max_downlinks_per_day,
-            }
-        )
-    if args.json:
-        for row in rows:
-            print(json.dumps(row))
-        return 0
-    print(
-        f"CAT choice for d={d} ({args.compressor}, {'gradient ' + args.gradient if args.gradient else 'synthetic heavy-tailed gradient'}):"
-    )
-    head = (
-        f"{'profile':<36} {'objective':<10} {'T*':>7} {'bytes':>8} {'pkts':>5} {'airtime_s':>10} "
-        f"{'energy_j':>10} {'vs dense':>9} {'down dense':>10} {'down/day':>8}"
-    )
-    print(head)
-    print("-" * len(head))
-    for r in rows:
-        cap = r["max_downlinks_per_day"]
-        print(
-            f"{r['profile']:<36} {r['objective']:<10} {r['t']:>7} {r['size_bytes']:>8} {r['packets']:>5} "
-            f"{r['airtime_s']:>10.4g} {r['energy_j']:>10.4g} {r['cost_vs_dense']:>9.2e} "
-            f"{r['downlink_dense_cost']:>10.4g} {'-' if cap is None else cap:>8}"
-        )
-    print(
-        "down dense: receiving one dense model message, in the objective's unit; "
-        "down/day: the network's downlink cap per day (-: none)"
-    )
-    return 0
 
 
 # --------------------------------------------------------------------------- data
@@ -356,7 +323,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     parser.add_argument(
-        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="lowest level logged",
     )
     parser.add_argument("--log-format", default="text", choices=LOG_FORMATS, help=LOG_FORMAT_HELP)
     sub = parser.add_subparsers(
@@ -367,7 +337,10 @@ def build_parser() -> argparse.ArgumentParser:
         "run", help="join a job and train on a local data shard", formatter_class=fmt, epilog=EPILOG
     )
     run.add_argument(  # also after `run`, where the systemd unit's flags are
-        "--log-format", default=argparse.SUPPRESS, choices=LOG_FORMATS, help=LOG_FORMAT_HELP
+        "--log-format",
+        default=argparse.SUPPRESS,
+        choices=LOG_FORMATS,
+        help=f"{LOG_FORMAT_HELP} (default: the value before `run`, else text)",
     )
     run.add_argument(
         "--profile",
@@ -384,7 +357,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_JOB,
         help="job id ([A-Za-z0-9._-]): the aggregator's AGG_JOB, whose default is the same",
     )
-    run.add_argument("--agent-id", default=None, help="this agent's id (default: the host name)")
+    run.add_argument(
+        "--agent-id",
+        default=None,
+        help="this agent's id (default: --username on mqtt(s)://, else the host name); under "
+        "the shipped broker ACL it must equal --username",
+    )
     run.add_argument(
         "--data", required=True, help="local data shard: LIBSVM (.svm/.libsvm/.txt), .npz or .csv"
     )
@@ -392,14 +370,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--features",
         type=int,
         default=None,
-        help="number of features of the job's model (pads a shard that lacks the last features)",
+        help="number of features of the job's model: pads a LIBSVM shard that lacks the last "
+        "features; a .npz or .csv must have exactly this many (docs/data-formats.md)",
     )
-    run.add_argument("--model", default="logreg", choices=["logreg", "lsq", "softmax"])
+    run.add_argument(
+        "--model",
+        default="logreg",
+        choices=["logreg", "lsq", "softmax"],
+        help="the job's model (must match the aggregator's AGG_MODEL)",
+    )
     run.add_argument("--classes", type=int, default=2, help="classes (softmax)")
     run.add_argument(
         "--l2", type=float, default=1e-3, help="l2 regularisation (must match the aggregator's)"
     )
-    run.add_argument("--compressor", default="topk", choices=["dense", "topk", "signtopk", "randk"])
+    run.add_argument(
+        "--compressor",
+        default="topk",
+        choices=["dense", "topk", "signtopk", "randk"],
+        help="how the update is compressed (one the job allows)",
+    )
     run.add_argument(
         "--policy", default="cat", help="how T is chosen: cat | fixed:T | dynamic | hybrid:S"
     )
@@ -422,7 +411,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--policy cat and compressor dense, topk or signtopk; guaranteed for one agent only "
         "(docs/curvature.md)",
     )
-    run.add_argument("--value-dtype", default="float32", choices=["float32", "float16", "float64"])
+    run.add_argument(
+        "--value-dtype",
+        default="float32",
+        choices=["float32", "float16", "float64"],
+        help="precision of the values sent",
+    )
     run.add_argument(
         "--duty-cycle",
         default="wait",
@@ -507,12 +501,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     prof.add_argument("--d", type=int, default=47236, help="model dimension")
     prof.add_argument(
-        "--compressor", default="topk", choices=["dense", "topk", "signtopk", "randk"]
+        "--compressor",
+        default="topk",
+        choices=["dense", "topk", "signtopk", "randk"],
+        help="the compressor to price",
     )
     prof.add_argument(
         "--gradient", default=None, help="a gradient (.npy) to price instead of a synthetic one"
     )
-    prof.add_argument("--seed", type=int, default=0)
+    prof.add_argument("--seed", type=int, default=0, help="seed of the synthetic gradient")
     prof.add_argument("--json", action="store_true", help="one JSON object per profile")
     prof.set_defaults(func=cmd_profiles)
 
@@ -529,8 +526,8 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         p = dsub.add_parser(name, help=helptext, formatter_class=fmt)
         if name == "generate":
-            p.add_argument("--rows", type=int, default=2000)
-            p.add_argument("--features", type=int, default=47236)
+            p.add_argument("--rows", type=int, default=2000, help="rows in all")
+            p.add_argument("--features", type=int, default=47236, help="features per row")
             p.add_argument(
                 "--no-idf",
                 action="store_true",
@@ -545,13 +542,15 @@ def build_parser() -> argparse.ArgumentParser:
             "--how", default="iid", choices=["iid", "label"], help="iid, or skewed by label"
         )
         p.add_argument("--out", required=True, help="output directory")
-        p.add_argument("--format", default="svm", choices=["svm", "npz"])
+        p.add_argument(
+            "--format", default="svm", choices=["svm", "npz"], help="file format of the shards"
+        )
         p.add_argument(
             "--full",
             action="store_true",
             help="also write the whole set (for the aggregator's evaluation)",
         )
-        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--seed", type=int, default=0, help="seed of the data and the split")
         p.add_argument(
             "--force", action="store_true", help="overwrite shards already in --out (else: exit 1)"
         )
@@ -616,7 +615,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"edge-agent {args.command}: error: {_describe(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        return 130
+        return 128 + signal.SIGINT
 
 
 def _directional(args: argparse.Namespace) -> bool:
@@ -628,16 +627,18 @@ def _describe(exc: Exception) -> str:
     """One line for an error: an OSError names its file and the system's reason."""
     if isinstance(exc, OSError) and exc.filename is not None:
         return f"{exc.filename}: {exc.strerror}"
+    if isinstance(exc, TransportConfigError):
+        return exc.naming(option_flag)
     return str(exc)
 
 
 class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows a flag's default, unless there is none to show (None, a store_true flag's
-    False) or the help text already says it ("default ...")."""
+    False) or the help text already says it ("(default: ...")."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        if action.default in (None, False) or "default" in text:
+        if action.default is None or action.default is False or "(default" in text:
             return text
         return super()._get_help_string(action)
 

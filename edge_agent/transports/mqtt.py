@@ -48,7 +48,7 @@ import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion, LogLevel, MQTTErrorCode
 from paho.mqtt.reasoncodes import ReasonCode
 
-from edge_agent.errors import TransportError
+from edge_agent.errors import TransportConfigError, TransportError
 from edge_agent.protocol import topics
 from edge_agent.transports.base import Message, Role, Transport
 from edge_agent.transports.oversize import OversizeDetector, Suspect, explain, packet_size
@@ -66,6 +66,12 @@ def _no_delay(client: paho.Client, userdata: Any, sock: Any) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
+#: CONNACK codes (paho's MQTT v5 numbering of the v3.1.1 return codes) that a retry cannot
+#: heal: bad user name or password, not authorized
+_REFUSED_CREDENTIALS: Final = frozenset({134, 135})
+#: unacceptable protocol version, client identifier rejected
+_REFUSED_SETTINGS: Final = frozenset({132, 133})
+
 #: paho's own log lines (see MqttTransport._on_paho_log)
 _PAHO_LOG: Final = logging.getLogger(f"{__name__}.paho")
 #: while the broker stays down, "still unreachable" is logged at most this often (s)
@@ -79,7 +85,9 @@ class MqttTransport(Transport):
         super().__init__(url, role=role, client_id=client_id)
         parsed = parse_url(url)
         if parsed.scheme not in ("mqtt", "mqtts"):
-            raise TransportError(f"{self.url}: MqttTransport needs an mqtt:// or mqtts:// URL")
+            raise TransportConfigError(
+                f"{self.url} ({{url}}): MqttTransport needs an mqtt:// or mqtts:// URL", "url"
+            )
         assert parsed.port is not None  # mqtt/mqtts have default ports
         self._host, self._port = parsed.host, parsed.port
         opts = OptionReader(url, {**parsed.options, **options})
@@ -90,6 +98,7 @@ class MqttTransport(Transport):
         self._max_packet_bytes = opts.get_int("max_packet_bytes", 0)
         clean_session = opts.get_bool("clean_session", False)
         username = opts.get_str("username")
+        self._password_option = "password_file"  # the option to name when the broker refuses
         password = self._read_password(opts)
         tls: ssl.SSLContext | None = None
         if parsed.scheme == "mqtts":
@@ -111,7 +120,10 @@ class MqttTransport(Transport):
         if username is not None:
             client.username_pw_set(username, password)
         elif password is not None:
-            raise TransportError(f"{self.url}: a password was given without a username")
+            raise TransportConfigError(
+                f"{self.url}: a password was given without a user name; set {{username}}",
+                "username",
+            )
         if tls is not None:
             client.tls_set_context(tls)
         client.on_connect = self._on_connect
@@ -129,7 +141,7 @@ class MqttTransport(Transport):
         self._ever_connected = False
         self._loop_running = False
         self._closed = False
-        self._refused: str | None = None
+        self._refused: ReasonCode | None = None  # the broker's CONNACK, when it refused
         self._suback: dict[int, list[ReasonCode]] = {}
         self._sent = 0  # QoS 1 publishes handed to paho
         self._acked = 0  # PUBACKs received
@@ -148,19 +160,24 @@ class MqttTransport(Transport):
         given = [n for n, v in (("password", password), ("password_file", password_file),
                                 ("password_env", password_env)) if v is not None]  # fmt: skip
         if len(given) > 1:
-            raise TransportError(f"{self.url}: give only one of {', '.join(given)}")
+            listed = ", ".join("{" + name + "}" for name in given)
+            raise TransportConfigError(f"{self.url}: give only one of {listed}", *given)
+        if given:
+            self._password_option = given[0]
         if password_file is not None:
             try:
                 return Path(password_file).read_text(encoding="utf-8").rstrip("\r\n")
             except OSError as exc:
-                raise TransportError(
-                    f"{self.url}: cannot read password_file {password_file!r}: {exc.strerror}"
+                raise TransportConfigError(
+                    f"{self.url}: cannot read {{password_file}} {password_file!r}: {exc.strerror}",
+                    "password_file",
                 ) from None
         if password_env is not None:
             value = os.environ.get(password_env)
             if value is None:
-                raise TransportError(
-                    f"{self.url}: password_env names {password_env!r} but it is not set"
+                raise TransportConfigError(
+                    f"{self.url}: {{password_env}} names {password_env!r} but it is not set",
+                    "password_env",
                 )
             return value
         return password
@@ -175,11 +192,16 @@ class MqttTransport(Transport):
             if cert_file is not None:
                 context.load_cert_chain(cert_file, key_file)
             elif key_file is not None:
-                raise TransportError(f"{self.url}: key_file given without cert_file")
+                raise TransportConfigError(
+                    f"{self.url}: {{key_file}} given without {{cert_file}}", "key_file", "cert_file"
+                )
         except OSError as exc:  # ssl.SSLError is an OSError
-            raise TransportError(
-                f"{self.url}: cannot load TLS files (ca_file={ca_file!r}, "
-                f"cert_file={cert_file!r}, key_file={key_file!r}): {exc}"
+            raise TransportConfigError(
+                f"{self.url}: cannot load TLS files ({{ca_file}} {ca_file!r}, "
+                f"{{cert_file}} {cert_file!r}, {{key_file}} {key_file!r}): {exc}",
+                "ca_file",
+                "cert_file",
+                "key_file",
             ) from None
         if insecure:
             context.check_hostname = False  # the certificate chain is still verified
@@ -197,7 +219,7 @@ class MqttTransport(Transport):
     ) -> None:
         if reason_code.is_failure:
             with self._cond:
-                self._refused = str(reason_code)
+                self._refused = reason_code
                 self._cond.notify_all()
             return
         with self._cond:
@@ -349,11 +371,7 @@ class MqttTransport(Transport):
                 return
             self._stop_loop()
             if refused is not None:
-                raise TransportError(
-                    f"MQTT broker at {self.url} refused client {self.client_id!r}: {refused}; "
-                    "check the username and password (options username, password_file) and "
-                    "the broker's ACL"
-                )
+                raise self._refusal(refused)
             raise TransportError(
                 f"MQTT broker at {self.url} accepted the TCP connection but sent no CONNACK "
                 f"within {self._timeout_s:g} s; is it an MQTT broker (TLS: use mqtts://)?"
@@ -366,17 +384,28 @@ class MqttTransport(Transport):
             try:
                 self._client.connect(self._host, self._port, keepalive=self._keepalive_s)
                 return
+            except ssl.SSLCertVerificationError as exc:
+                raise TransportConfigError(
+                    f"TLS handshake with {self.url} failed: the broker's certificate is not "
+                    f"trusted ({exc.verify_message}); set {{ca_file}} to the CA that signed it "
+                    "(and connect by the host name in it)",
+                    "ca_file",
+                ) from None
             except ssl.SSLError as exc:
                 if isinstance(exc, ssl.SSLEOFError) or "WRONG_VERSION_NUMBER" in str(exc):
-                    raise TransportError(self._tls_mismatch(exc)) from None
-                raise TransportError(
-                    f"TLS handshake with {self.url} failed: {exc}; check ca_file (the CA that "
-                    "signed the broker certificate), cert_file/key_file, and the host name"
+                    raise self._tls_mismatch(exc) from None
+                raise TransportConfigError(
+                    f"TLS handshake with {self.url} failed: {exc}; check {{ca_file}} (the CA "
+                    "that signed the broker certificate), {cert_file}/{key_file}, and the host "
+                    "name",
+                    "ca_file",
+                    "cert_file",
+                    "key_file",
                 ) from None
             except OSError as exc:
                 remaining = deadline - time.monotonic()
                 if self._tls and isinstance(exc, (ConnectionResetError, ConnectionAbortedError)):
-                    raise TransportError(self._tls_mismatch(exc)) from None
+                    raise self._tls_mismatch(exc) from None
                 if remaining <= 0:
                     raise TransportError(
                         f"cannot connect to MQTT broker at {self.url}: "
@@ -386,15 +415,35 @@ class MqttTransport(Transport):
                     ) from None
                 time.sleep(min(0.25, remaining))
 
-    def _tls_mismatch(self, exc: OSError) -> str:
+    def _tls_mismatch(self, exc: OSError) -> TransportConfigError:
         """The error for a peer that dropped our TLS ClientHello: most often a plain MQTT
         listener (Mosquitto closes on the bytes it cannot parse as MQTT)."""
-        return (
+        return TransportConfigError(
             f"TLS handshake with {self.url} failed: the server closed the connection "
             f"({exc.strerror or exc}); port {self._port} is likely a plain MQTT listener, "
-            f"not TLS: use mqtt://{self._host}:{self._port} for a plain listener, or the "
-            "broker's TLS port (usually 8883) with mqtts://"
+            f"not TLS: in {{url}} use mqtt://{self._host}:{self._port} for a plain listener, "
+            "or the broker's TLS port (usually 8883) with mqtts://",
+            "url",
         )
+
+    def _refusal(self, code: ReasonCode) -> TransportError:
+        """The error for a refused CONNECT: credentials and client ids are configuration
+        (exit 2 at the CLIs); "server unavailable" may heal, so it stays a TransportError."""
+        head = f"MQTT broker at {self.url} refused client {self.client_id!r}: {code}"
+        if code.value in _REFUSED_CREDENTIALS:
+            return TransportConfigError(
+                f"{head}; check {{username}} and {{{self._password_option}}} against the "
+                "broker's password file (deploy/mosquitto/add-agent.sh writes both)",
+                "username",
+                self._password_option,
+            )
+        if code.value in _REFUSED_SETTINGS:
+            return TransportConfigError(
+                f"{head}; the broker does not accept this client id or protocol (MQTT "
+                "v3.1.1): check {username} and the broker's settings",
+                "username",
+            )
+        return TransportError(f"{head}; the broker may be overloaded or restarting")
 
     def _stop_loop(self) -> None:
         self._client.disconnect()

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
-from edge_agent.errors import TransportError
+from edge_agent.errors import TransportConfigError
 
 #: One valid URL per scheme, quoted in every URL error.
 EXAMPLES: dict[str, str] = {
@@ -36,6 +36,11 @@ class ParsedUrl(NamedTuple):
     options: dict[str, str]
 
 
+def _url_error(text: str) -> TransportConfigError:
+    """A URL that does not parse: configuration (the option is the URL itself)."""
+    return TransportConfigError(text, "url")
+
+
 def _examples() -> str:
     return ", ".join(EXAMPLES.values())
 
@@ -54,7 +59,8 @@ def redact(url: str) -> str:
 
 
 def parse_url(url: str) -> ParsedUrl:
-    """Split a transport URL; raise TransportError naming the URL and showing valid examples.
+    """Split a transport URL; raise TransportConfigError (option ``url``) naming the URL and
+    showing valid examples.
 
     The scheme is lower-cased; the host may be empty only for ``memory://`` (broker name
     ``default``). Credentials in the userinfo become the ``username`` / ``password`` options.
@@ -64,17 +70,17 @@ def parse_url(url: str) -> ParsedUrl:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:
-        raise TransportError(
+        raise _url_error(
             f"transport URL {shown!r} is malformed ({exc}); examples: {_examples()}"
         ) from None
     scheme = parts.scheme.lower()
     if not scheme or "://" not in url:
-        raise TransportError(
+        raise _url_error(
             f"transport URL {shown!r} has no scheme; expected scheme://host:port, "
             f"examples: {_examples()}"
         )
     if parts.path not in ("", "/") or parts.fragment:
-        raise TransportError(
+        raise _url_error(
             f"transport URL {shown!r} must not have a path or fragment; put options in the "
             f"query string, e.g. {EXAMPLES.get(scheme, EXAMPLES['mqtts'])}"
         )
@@ -82,7 +88,7 @@ def parse_url(url: str) -> ParsedUrl:
     if scheme == "memory":
         host = parts.netloc or "default"
     elif not host:
-        raise TransportError(
+        raise _url_error(
             f"transport URL {shown!r} has no host; e.g. {EXAMPLES.get(scheme, _examples())}"
         )
     if port is None:
@@ -114,8 +120,8 @@ class OptionReader:
         self._known.append(name)
         return self._left.pop(name, None)
 
-    def _bad(self, name: str, value: object, want: str) -> TransportError:
-        return TransportError(f"{self._url}: option {name} must be {want}, got {value!r}")
+    def _bad(self, name: str, value: object, want: str) -> TransportConfigError:
+        return TransportConfigError(f"{self._url}: {{{name}}} must be {want}, got {value!r}", name)
 
     def get_str(self, name: str, default: str | None = None) -> str | None:
         value = self._take(name)
@@ -164,10 +170,12 @@ class OptionReader:
         raise self._bad(name, value, "true or false")
 
     def finish(self, extra_valid: Iterable[str] = ()) -> None:
-        """Raise TransportError if any option was not read, listing the valid names."""
+        """Raise TransportConfigError if any option was not read, listing the valid names."""
         unknown = sorted(set(self._left) - set(extra_valid))
         if unknown:
             valid = ", ".join(sorted({*self._known, *extra_valid}))
-            raise TransportError(
-                f"{self._url}: unknown option(s) {', '.join(unknown)}; valid options: {valid}"
+            raise TransportConfigError(
+                f"{self._url} ({{url}}): unknown option(s) {', '.join(unknown)}; "
+                f"valid options: {valid}",
+                "url",
             )

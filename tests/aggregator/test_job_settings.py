@@ -107,7 +107,8 @@ def test_the_refusal_names_the_jobs_value_and_the_fix_and_carries_the_settings()
 def test_wrong_d_and_model_name_the_setting_and_the_fix() -> None:
     eng = engine("ef21")
     (ctl,) = refused_controls(eng.handle(*hello("a", "ef21", d=D + 1), 1.0).outbound)
-    assert f"job has d={D} (AGG_D); run the agent with --features {D}" in ctl.detail
+    assert f"job has d={D} (AGG_D); the agent's data must have {D} features" in ctl.detail
+    assert f"--features {D} pads" in ctl.detail and "regenerate it" in ctl.detail
     (ctl,) = refused_controls(eng.handle(*hello("b", "ef21", model="linreg"), 1.0).outbound)
     assert "AGG_MODEL" in ctl.detail and "--model logreg" in ctl.detail
 

@@ -165,3 +165,18 @@ def test_the_compressed_downlink_receives_less_than_the_exact_one(
     assert ef21["cat"]["down_bytes"] < ef21["exact"]["down_bytes"]
     dense = next(r for r in both_ways if r["method"] == "dense")
     assert ef21["cat"]["total_bytes"] * 5 < dense["total_bytes"]
+
+
+def test_the_table_shows_both_directions_and_the_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (rec,) = run_cli(tmp_path, "table", "--methods", "dense", "--targets", "0.1",
+                     "--profile", "lorawan_eu868_dr5_sf7")  # fmt: skip
+    lines = [ln.split() for ln in capsys.readouterr().out.splitlines() if ln.strip()]
+    head = next(ln for ln in lines if ln[:2] == ["method", "downlink"])
+    row = dict(zip(head, next(ln for ln in lines if ln[0] == "dense"), strict=True))
+    assert {"up_bytes", "down_bytes", "total_bytes", "sim_time_s"} <= set(head)
+    assert int(row["up_bytes"]) == rec["bytes"] and int(row["down_bytes"]) == rec["down_bytes"]
+    assert int(row["total_bytes"]) == rec["bytes"] + rec["down_bytes"]
+    assert float(row["sim_time_s"]) == pytest.approx(rec["sim_time_s"], rel=1e-3)
+    assert rec["sim_time_s"] > 0

@@ -61,3 +61,9 @@ def test_the_misconfigured_agent_is_told_and_exits_2_while_the_others_train() ->
     refused = {r["agent"]: r for r in bad["refused_agents"]}
     assert refused["agent-bad"]["reason"] == "wrong_semantics", bad
     assert "agent-bad: wrong_semantics x" in done.stdout
+    # the settings that differ from the defaults, at the start and under the summary; a log
+    # (not a terminal) gets plain progress lines, no carriage returns
+    assert done.stdout.count("settings that differ from the defaults:") == 2
+    assert "AGG_MIN_AGENTS=2 (default 1)" in done.stdout
+    assert "--duty-cycle ignore (default wait)" in done.stdout
+    assert "README's 34x" in done.stdout and "\r" not in done.stdout

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from aggregator.localnet import MissingProgram, MosquittoBroker, find_program, free_port
-from edge_agent.errors import TransportError
+from edge_agent.errors import TransportConfigError, TransportError
 from edge_agent.protocol import topics
 from edge_agent.transports import Message, Transport, open_transport
 
@@ -213,9 +213,10 @@ def test_wrong_password_is_refused_with_a_fix(auth_broker: MosquittoBroker) -> N
     try:
         url = f"mqtt://edge:wrong@127.0.0.1:{auth_broker.port}"
         transport = _open(url, "agent", "a1")
-        with pytest.raises(TransportError, match=r"refused.*username and password") as info:
+        with pytest.raises(TransportConfigError, match=r"refused.*username.*password") as info:
             transport.connect()
         assert "wrong" not in str(info.value)  # the password is redacted
+        assert info.value.options == ("username", "password")  # for the CLIs to name
         transport.close()
     finally:
         auth_broker.stop()
