@@ -17,6 +17,12 @@ restarts only once a broadcast step (or delta) applies again: a snapshot that lo
 leaves the replica unable to follow does not reset it. The caller sends the request when
 its radio may send (the duty cycle applies to requests too).
 
+An agent without a model asks at start-up (``startup``). Over MQTT the retained snapshot on
+``cat/<job>/model`` usually arrives first; it is the model as of the aggregator's start,
+possibly many versions old, and a stale EF21 update is applied without an answer, so that
+want stays until an answer addressed to the agent or a broadcast step that applies shows
+the copy is current.
+
 Drops are logged once per reason: INFO at the first, WARNING when a reason reaches
 :data:`REPEATED_DROPS` (the agent is stuck behind the fleet until it is answered).
 """
@@ -58,6 +64,7 @@ class CatchUp:
         self.want: Want | None = None
         self._next_at = float("-inf")
         self._backoff_s = FIRST_BACKOFF_S
+        self._startup = False
         self._logged: set[tuple[str, str]] = set()
 
     @property
@@ -65,10 +72,12 @@ class CatchUp:
         """The wait after the next request."""
         return self._backoff_s
 
-    def need(self, want: Want) -> None:
-        """The replica needs ``want``; a snapshot need is not narrowed to steps."""
+    def need(self, want: Want, *, startup: bool = False) -> None:
+        """The replica needs ``want``; a snapshot need is not narrowed to steps.
+        ``startup``: the first model; only an addressed snapshot or a step satisfies it."""
         if self.want != "snapshot":
             self.want = want
+        self._startup = self._startup or startup
 
     def ready(self, now: float) -> bool:
         """True when a request is wanted and its back-off has passed."""
@@ -83,13 +92,17 @@ class CatchUp:
         self._backoff_s = min(2 * self._backoff_s, self.max_backoff_s)
         return messages.Request(have=have)
 
-    def loaded(self) -> None:
-        """A snapshot was applied: nothing is wanted (until a step shows otherwise)."""
-        self.want = None
+    def loaded(self, *, addressed: bool) -> None:
+        """A snapshot was applied (``addressed``: an answer to this agent, not the job-wide
+        retained one): nothing is wanted, until a step shows otherwise."""
+        if addressed or not self._startup:
+            self.want = None
+            self._startup = False
 
     def followed(self) -> None:
         """A broadcast step or delta applied: the copy follows; the back-off restarts."""
         self.want = None
+        self._startup = False
         self._next_at = float("-inf")
         self._backoff_s = FIRST_BACKOFF_S
 

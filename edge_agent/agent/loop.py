@@ -212,12 +212,12 @@ class Agent:
         self._send_control(topics.hello(job, me), messages.dump(hello))
         self._last_progress = self.clock()
         if self.x is None:
-            self._need("snapshot")
+            self._need("snapshot", startup=True)
 
-    def _need(self, want: Want) -> None:
+    def _need(self, want: Want, *, startup: bool = False) -> None:
         """The replica lacks ``want``: ask now if the back-off and the radio allow, else
         :meth:`_tick` asks when they do."""
-        self.catchup.need(want)
+        self.catchup.need(want, startup=startup)
         self._maybe_request()
 
     def _maybe_request(self) -> bool:
@@ -310,12 +310,12 @@ class Agent:
             if jobinfo.handled(self, msg):  # the job's settings: edge_agent/agent/jobinfo.py
                 return
             if msg.topic == self._topic_delta or msg.topic == self._topic_model:
-                self._handle_model(msg.payload)
+                self._handle_model(msg.payload, addressed=False)
             elif msg.topic == self._topic_control:
                 self._handle_control(messages.parse(messages.Control, msg.payload))
             elif msg.topic == self._topic_to:  # binary: a model message, else JSON control
                 if msg.payload[:2] == MAGIC:
-                    self._handle_model(msg.payload)
+                    self._handle_model(msg.payload, addressed=True)
                 else:
                     self._handle_control(messages.parse(messages.Control, msg.payload))
             else:
@@ -334,7 +334,7 @@ class Agent:
     def version(self) -> int | None:
         return self.replica.version
 
-    def _handle_model(self, payload: bytes) -> None:
+    def _handle_model(self, payload: bytes, *, addressed: bool) -> None:
         m = decode_downlink(payload)
         if m.job != self.config.job:
             self.counters.drop("wrong_job")
@@ -345,7 +345,7 @@ class Agent:
         if refused is None:
             if snapshot:
                 self.counters.snapshots += 1
-                self.catchup.loaded()
+                self.catchup.loaded(addressed=addressed)
             else:
                 if isinstance(m, Delta):
                     self.counters.deltas += 1
@@ -359,7 +359,7 @@ class Agent:
                 self.counters.drop("old_snapshot")
             return  # already have it
         if refused == "no_model" and not had:
-            self._need("snapshot")  # none yet: one is asked for (paced), not counted
+            self._need("snapshot", startup=True)  # none yet: asked for (paced), not counted
             return
         n = self.counters.drop(refused)
         if refused == "wrong_d":

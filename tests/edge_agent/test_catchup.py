@@ -137,3 +137,23 @@ def test_a_gap_asks_for_steps_and_a_snapshot_need_is_not_narrowed() -> None:
     c.need("steps")
     assert c.request(0.5, 7) is None  # backing off
     assert c.request(1.0, 7) == messages.Request(have=None)
+
+
+def test_the_start_up_request_survives_the_retained_snapshot(memory_url: str) -> None:
+    """Over MQTT the retained snapshot (the model as of the aggregator's start) may arrive
+    before the start-up request leaves the radio: the request still goes, and only an
+    answer addressed to the agent settles it."""
+    clock = Clock()
+    peer = listen(memory_url)
+    agent = make_agent(memory_url, clock, feedback="ef21", duty_cycle="wait")
+    agent.start()
+    assert requests(peer) == []  # the hello's airtime: the request waits
+    agent.handle(plain_snapshot(0))
+    clock.t = agent._quiet_until
+    agent._tick()
+    assert [r.have for r in requests(peer)] == [None]
+    answer = encode_state(np.zeros(D), job=JOB, version=5, aggregate=np.zeros(D))
+    agent.handle(Message(topics.to_agent(JOB, "me"), answer))
+    assert agent.catchup.want is None and agent.version == 5
+    agent.close()
+    peer.close()
