@@ -138,6 +138,9 @@ class Agent:
             "dir" if config.curvature == "directional" else self.feedback.semantics
         )
         family: Family = "ef21" if self.semantics == "ef21" else "mean"
+        self._fit = jobinfo.Fit(
+            config.job, config.agent_id, model.d, model.kind, self.semantics, config.compressor
+        )
         #: the model copy, kept bit-identical to the aggregator's (or its broadcast model)
         self.replica = Replica(model.d, family)
         self.sent_version: int | None = None
@@ -307,7 +310,9 @@ class Agent:
         self.ledger.received(self.profile.downlink_cost(len(msg.payload)))
         self.answers.heard(self.clock())
         try:
-            if jobinfo.handled(self, msg):  # the job's settings: edge_agent/agent/jobinfo.py
+            verdict = jobinfo.judge(msg.topic, msg.payload, self._fit)
+            if verdict is not None:  # the job's settings: edge_agent/agent/jobinfo.py
+                self._judged(verdict)
                 return
             if msg.topic == self._topic_delta or msg.topic == self._topic_model:
                 self._handle_model(msg.payload, addressed=False)
@@ -399,6 +404,14 @@ class Agent:
             if (paused := ctl.cmd == "pause") != self.paused:
                 log.info("job paused: waiting for resume" if paused else "job resumed")
             self.paused = paused
+
+    def _judged(self, verdict: jobinfo.Verdict) -> None:
+        """The job's settings arrived: give up when this agent's do not fit (one ERROR
+        line, even after refusals ended it)."""
+        if verdict.give_up is not None and self.gave_up != verdict.give_up:
+            log.error("this agent's settings do not fit the job: %s", verdict.conflict)
+            self.gave_up = verdict.give_up
+            self._stop.set()
 
     def _refused(self, reason: str, detail: str) -> None:
         """Log and count a refusal; give up after too many that cannot heal; say hello
