@@ -3,9 +3,11 @@
 The aggregator publishes :class:`JobInfo` (JSON) retained on ``cat/<job>/job`` when it
 starts, and addresses it to an agent (``cat/<job>/to/<agent>``) in answer to every hello,
 accepted or refused (a ZeroMQ subscriber that joined late never sees the start-up one).
-An agent whose own settings do not fit (d, model, feedback family, compressor) logs one
-ERROR line naming both values and the fix, and gives up (``Agent.gave_up``: the CLI
-exits 2) before it sends an update: restarting will not help.
+:func:`judge` says what an announcement means for an agent whose settings are :class:`Fit`
+(pure: it reads the message, and the agent acts on the :class:`Verdict`). One whose own
+settings do not fit (d, model, feedback family, compressor) logs one ERROR line naming
+both values and the fix, and gives up (``Agent.gave_up``: the CLI exits 2) before it sends
+an update: restarting will not help.
 
 ``feedback`` is what the job runs (``AGG_FEEDBACK``): ``none``, ``ef``, ``dir`` (family
 *mean*: they may share a job), ``ef21`` (family *ef21*) or ``any`` (``family`` is then
@@ -15,19 +17,13 @@ null: the first accepted hello fixes it, and the aggregator refuses the others).
 from __future__ import annotations
 
 import json
-import logging
-from typing import TYPE_CHECKING, Annotated, Final, Literal
+from dataclasses import dataclass
+from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from edge_agent.errors import WireFormatError
 from edge_agent.protocol import topics
-
-if TYPE_CHECKING:  # the agent imports this module, not the other way round
-    from edge_agent.agent.loop import Agent
-    from edge_agent.transports import Message
-
-log = logging.getLogger("edge_agent")
 
 FeedbackSetting = Literal["none", "ef", "ef21", "dir", "any"]
 #: the values of ``AGG_FEEDBACK`` / ``EngineConfig.feedback``
@@ -123,28 +119,46 @@ def conflict(
     return None
 
 
-def handled(agent: Agent, msg: Message) -> bool:
-    """True when ``msg`` is the job's announcement (on ``cat/<job>/job``, or a JSON
-    :class:`JobInfo` addressed to the agent); on a conflict the agent gives up."""
-    cfg = agent.config
-    if msg.topic != topics.job_info(cfg.job):
-        addressed = msg.topic == topics.to_agent(cfg.job, cfg.agent_id)
-        if not addressed or msg.payload[:1] != b"{":
-            return False
-    info = parse(msg.payload)
+@dataclass(frozen=True)
+class Fit:
+    """The agent settings a job announcement is judged against."""
+
+    job: str
+    agent_id: str
+    d: int
+    model: str
+    semantics: str
+    compressor: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the job's announcement means for an agent: ``conflict`` names the job's value,
+    the agent's and the fix (None: they fit); ``give_up`` is then the line the agent ends
+    with."""
+
+    conflict: str | None
+    give_up: str | None
+
+
+def judge(topic: str, payload: bytes, fit: Fit) -> Verdict | None:
+    """The verdict when the message is the job's announcement (on ``cat/<job>/job``, or a
+    JSON :class:`JobInfo` addressed to the agent); None for any other message.
+    WireFormatError when it claims to be one and is not valid."""
+    if topic != topics.job_info(fit.job):
+        addressed = topic == topics.to_agent(fit.job, fit.agent_id)
+        if not addressed or payload[:1] != b"{":
+            return None
+    info = parse(payload)
     if info is None:
-        return False
+        return None
     line = conflict(
         info,
-        job=cfg.job,
-        d=agent.model.d,
-        model=agent.model.kind,
-        semantics=agent.semantics,
-        compressor=cfg.compressor,
+        job=fit.job,
+        d=fit.d,
+        model=fit.model,
+        semantics=fit.semantics,
+        compressor=fit.compressor,
     )
-    gave_up = f"agent {cfg.agent_id} does not fit the job: {line}"
-    if line is not None and agent.gave_up != gave_up:  # once, even after refusals ended it
-        log.error("this agent's settings do not fit the job: %s", line)
-        agent.gave_up = gave_up
-        agent.stop()
-    return True
+    give_up = None if line is None else f"agent {fit.agent_id} does not fit the job: {line}"
+    return Verdict(line, give_up)

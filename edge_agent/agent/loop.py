@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -24,10 +24,11 @@ import numpy.typing as npt
 
 from edge_agent.agent import jobinfo
 from edge_agent.agent.answers import Answers
+from edge_agent.agent.catchup import CatchUp, Want, want_for
+from edge_agent.agent.ledger import AgentCounters, CostLedger, RoundLog
 from edge_agent.agent.replica import Replica
 from edge_agent.data import Dataset
 from edge_agent.errors import TransportError, WireFormatError
-from edge_agent.links.cost import ZERO, Cost, Traffic
 from edge_agent.links.profiles import CostProfile, MessageCost
 from edge_agent.numerics.compressors import Semantics, ValueDtype, compress
 from edge_agent.numerics.curvature import (
@@ -42,10 +43,12 @@ from edge_agent.numerics.models import Model
 from edge_agent.numerics.selection import Policy, Price, make_price, parse_policy
 from edge_agent.protocol import messages, topics
 from edge_agent.protocol.downlink import Family, StateSnapshot, decode_downlink
-from edge_agent.protocol.wire import MAGIC, Snapshot, encode
+from edge_agent.protocol.wire import MAGIC, Delta, Snapshot, encode
 from edge_agent.transports import Message, Transport
 
 log = logging.getLogger("edge_agent")
+
+__all__ = ["Agent", "AgentConfig", "AgentCounters", "CostLedger", "RoundLog"]
 
 FloatArray = npt.NDArray[np.float64]
 FeedbackName = Literal["none", "ef", "ef21"]
@@ -101,129 +104,6 @@ class AgentConfig:
             )
 
 
-@dataclass
-class CostLedger:
-    """Everything this agent put on its link (``up``) and received (``down``), priced on
-    its own profile (units in the names; :class:`edge_agent.links.cost.Cost`).
-
-    ``up`` counts every message sent (updates, re-sends, hellos, status, requests),
-    ``down`` every message received from the aggregator (snapshots, steps, deltas,
-    control); ``update_cost`` is the part of ``up`` that was first sends of updates.
-    ``silence_s`` sums the duty-cycle silence owed after each send. The scalar fields
-    (``messages``, ``bits``, ``airtime_s``, ...) are the uplink's, as before.
-    """
-
-    up: Cost = ZERO
-    down: Cost = ZERO
-    update_cost: Cost = ZERO
-    bytes_on_air: int = 0
-    bytes_on_air_down: int = 0
-    silence_s: float = 0.0
-    #: the silence the senders of what it received owed afterwards (e.g. a LoRaWAN gateway)
-    sender_silence_s: float = 0.0
-
-    def add(self, cost: MessageCost, *, update: bool) -> None:
-        """Account one message sent."""
-        c = cost.cost
-        self.up = self.up + c
-        if update:
-            self.update_cost = self.update_cost + c
-        self.bytes_on_air += cost.bytes_on_air
-        self.silence_s += cost.silence_s
-
-    def received(self, cost: MessageCost) -> None:
-        """Account one message received."""
-        self.down = self.down + cost.cost
-        self.bytes_on_air_down += cost.bytes_on_air
-        self.sender_silence_s += cost.silence_s
-
-    @property
-    def traffic(self) -> Traffic:
-        return Traffic(self.up, self.down)
-
-    @property
-    def messages(self) -> int:
-        return self.up.messages
-
-    @property
-    def updates(self) -> int:
-        return self.update_cost.messages
-
-    @property
-    def size_bytes(self) -> int:
-        return self.up.bytes
-
-    @property
-    def packets(self) -> int:
-        return self.up.packets
-
-    @property
-    def bits(self) -> float:
-        return self.up.bits
-
-    @property
-    def airtime_s(self) -> float:
-        return self.up.airtime_s
-
-    @property
-    def energy_j(self) -> float:
-        return self.up.energy_j
-
-    def summary(self) -> dict[str, object]:
-        """JSON-able: uplink, downlink and total, plus updates and silence owed."""
-        return {
-            **self.traffic.to_dict(),
-            "updates": self.updates,
-            "bytes_on_air": self.bytes_on_air,
-            "bytes_on_air_down": self.bytes_on_air_down,
-            "silence_s": self.silence_s,
-        }
-
-
-@dataclass(frozen=True)
-class RoundLog:
-    """One update sent: its level, its cost on the link, and where the time went."""
-
-    round: int
-    seq: int
-    t: int
-    size_bytes: int
-    packets: int
-    airtime_s: float
-    energy_j: float
-    loss: float
-    grad_s: float
-    select_s: float
-    compress_s: float
-    encode_s: float
-    send_s: float
-
-    def line(self) -> str:
-        return (
-            f"round {self.round:>5}  T={self.t:<6} bytes={self.size_bytes:<7} "
-            f"packets={self.packets:<4} airtime={self.airtime_s:.4f}s "
-            f"energy={self.energy_j:.5f}J loss={self.loss:.6f}"
-        )
-
-
-@dataclass
-class AgentCounters:
-    """Inbound messages this agent dropped, by reason."""
-
-    dropped: dict[str, int] = field(default_factory=dict)
-    snapshots: int = 0
-    deltas: int = 0
-    steps: int = 0  # replicated steps messages applied
-    requests: int = 0
-    resends: int = 0
-    resets: int = 0  # EF21 state resets the aggregator asked for
-    #: refusals the aggregator sent this agent, by reason (a ``reset`` counts as ef21_reset)
-    refused: dict[str, int] = field(default_factory=dict)
-
-    def drop(self, reason: str) -> None:
-        self.dropped[reason] = self.dropped.get(reason, 0) + 1
-
-
 class Agent:
     """A CAT edge agent. Not thread-safe: one thread drives it (``stop()`` is the exception)."""
 
@@ -258,6 +138,9 @@ class Agent:
             "dir" if config.curvature == "directional" else self.feedback.semantics
         )
         family: Family = "ef21" if self.semantics == "ef21" else "mean"
+        self._fit = jobinfo.Fit(
+            config.job, config.agent_id, model.d, model.kind, self.semantics, config.compressor
+        )
         #: the model copy, kept bit-identical to the aggregator's (or its broadcast model)
         self.replica = Replica(model.d, family)
         self.sent_version: int | None = None
@@ -283,7 +166,8 @@ class Agent:
         self._quiet_until = 0.0
         self._resend_wanted = False
         self._outbox: list[tuple[str, bytes]] = []
-        self._outbox_stale_request = False
+        #: what the replica lacks and when it may ask again (edge_agent/agent/catchup.py)
+        self.catchup = CatchUp(config.resend_s or 30.0)
         self._fresh = True
         self._hello_interval_s = 1.0
         self._topic_update = topics.update(config.job, config.agent_id)
@@ -329,17 +213,27 @@ class Agent:
         # no separate "online" status: a hello marks the agent online at the aggregator, and
         # on a duty-cycled radio every message costs minutes of silence
         self._send_control(topics.hello(job, me), messages.dump(hello))
-        if self.x is None:
-            self._request_snapshot()
         self._last_progress = self.clock()
+        if self.x is None:
+            self._need("snapshot", startup=True)
 
-    def _request_snapshot(self) -> None:
-        self._outbox_stale_request = self.x is None  # only wanted until a model arrives
+    def _need(self, want: Want, *, startup: bool = False) -> None:
+        """The replica lacks ``want``: ask now if the back-off and the radio allow, else
+        :meth:`_tick` asks when they do."""
+        self.catchup.need(want, startup=startup)
+        self._maybe_request()
+
+    def _maybe_request(self) -> bool:
+        """Send the wanted request if its back-off passed and the radio may send."""
+        now = self.clock()
+        if self.config.duty_cycle == "wait" and now < self._quiet_until:
+            return False
+        req = self.catchup.request(now, self.version)
+        if req is None:
+            return False
         self.counters.requests += 1
-        req = messages.Request(have=self.version)
-        self._send_control(
-            topics.request(self.config.job, self.config.agent_id), messages.dump(req)
-        )
+        self._publish(self._topic_request, messages.dump(req), update=False)
+        return True
 
     def _send_control(self, topic: str, payload: bytes) -> None:
         """Control traffic costs radio time too: it goes into the ledger (not as an update),
@@ -367,8 +261,6 @@ class Agent:
     def _flush_outbox(self) -> None:
         """Send the oldest waiting control message (one: each owes its own silence)."""
         topic, payload = self._outbox.pop(0)
-        if topic == self._topic_request and self.x is not None and self._outbox_stale_request:
-            return  # the model arrived meanwhile: the request is no longer needed
         self._publish(topic, payload, update=False)
 
     def stop(self) -> None:
@@ -418,15 +310,17 @@ class Agent:
         self.ledger.received(self.profile.downlink_cost(len(msg.payload)))
         self.answers.heard(self.clock())
         try:
-            if jobinfo.handled(self, msg):  # the job's settings: edge_agent/agent/jobinfo.py
+            verdict = jobinfo.judge(msg.topic, msg.payload, self._fit)
+            if verdict is not None:  # the job's settings: edge_agent/agent/jobinfo.py
+                self._judged(verdict)
                 return
             if msg.topic == self._topic_delta or msg.topic == self._topic_model:
-                self._handle_model(msg.payload)
+                self._handle_model(msg.payload, addressed=False)
             elif msg.topic == self._topic_control:
                 self._handle_control(messages.parse(messages.Control, msg.payload))
             elif msg.topic == self._topic_to:  # binary: a model message, else JSON control
                 if msg.payload[:2] == MAGIC:
-                    self._handle_model(msg.payload)
+                    self._handle_model(msg.payload, addressed=True)
                 else:
                     self._handle_control(messages.parse(messages.Control, msg.payload))
             else:
@@ -445,35 +339,43 @@ class Agent:
     def version(self) -> int | None:
         return self.replica.version
 
-    def _handle_model(self, payload: bytes) -> None:
+    def _handle_model(self, payload: bytes, *, addressed: bool) -> None:
         m = decode_downlink(payload)
         if m.job != self.config.job:
             self.counters.drop("wrong_job")
             return
         had = self.replica.x is not None
         refused = self.replica.apply(m)
+        snapshot = isinstance(m, Snapshot | StateSnapshot)
         if refused is None:
-            kind = type(m).__name__
-            if kind in ("Snapshot", "StateSnapshot"):
+            if snapshot:
                 self.counters.snapshots += 1
-            elif kind == "Delta":
-                self.counters.deltas += 1
+                self.catchup.loaded(addressed=addressed)
             else:
-                self.counters.steps += 1
+                if isinstance(m, Delta):
+                    self.counters.deltas += 1
+                else:
+                    self.counters.steps += 1
+                self.catchup.followed()
             self._last_progress = self.clock()
             return
-        if refused == "old" and isinstance(m, Snapshot | StateSnapshot):
-            self.counters.drop("old_snapshot")
-        elif refused == "old" or (refused == "no_model" and not had):
-            return  # already have it / a snapshot is on its way (we asked for it)
-        else:
-            self.counters.drop(refused)
-            if refused == "wrong_d":
+        if refused == "old":
+            if snapshot:
+                self.counters.drop("old_snapshot")
+            return  # already have it
+        if refused == "no_model" and not had:
+            self._need("snapshot", startup=True)  # none yet: asked for (paced), not counted
+            return
+        n = self.counters.drop(refused)
+        if refused == "wrong_d":
+            if n == 1:
                 log.error(
                     "a model message has another d than this agent's model (%d)", self.model.d
                 )
-            else:  # version_gap, no_aggregate, ...: ask for what is missing
-                self._request_snapshot()
+            return
+        # version_gap, no_aggregate, ...: ask for what is missing, paced (catchup.py)
+        self.catchup.dropped(refused, n)
+        self._need(want_for(refused))
 
     def _handle_control(self, ctl: messages.Control) -> None:
         if ctl.cmd == "stop":
@@ -490,7 +392,7 @@ class Agent:
                 if self.config.duty_cycle == "ignore":
                     self._resend()
             elif ctl.version > self.version:
-                self._request_snapshot()
+                self._need("steps")
         elif ctl.cmd == "reset":
             if ctl.agent == self.config.agent_id:
                 self.answers.count("ef21_reset")
@@ -502,6 +404,14 @@ class Agent:
             if (paused := ctl.cmd == "pause") != self.paused:
                 log.info("job paused: waiting for resume" if paused else "job resumed")
             self.paused = paused
+
+    def _judged(self, verdict: jobinfo.Verdict) -> None:
+        """The job's settings arrived: give up when this agent's do not fit (one ERROR
+        line, even after refusals ended it)."""
+        if verdict.give_up is not None and self.gave_up != verdict.give_up:
+            log.error("this agent's settings do not fit the job: %s", verdict.conflict)
+            self.gave_up = verdict.give_up
+            self._stop.set()
 
     def _refused(self, reason: str, detail: str) -> None:
         """Log and count a refusal; give up after too many that cannot heal; say hello
@@ -679,6 +589,8 @@ class Agent:
             return True  # the radio owes silence: nothing may go out
         if self._outbox:
             self._flush_outbox()
+        elif self.catchup.ready(now):  # the radio may send (checked above)
+            self._maybe_request()
         elif self.due:
             self.step()
         elif self._resend_wanted:

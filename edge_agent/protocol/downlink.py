@@ -69,7 +69,7 @@ OP_MOVE: Final = 6  # a compressed model change (compressed downlink); ends one 
 
 _F64: Final = struct.Struct("<d")
 _MAX_U63: Final = 2**63 - 1
-_REPLICA_AGENT: Final = wire._ident("r", "agent")
+_REPLICA_AGENT: Final = wire.encode_ident("r", "agent")
 _ZERO_VARINT: Final = wire.uvarint(0)
 
 FloatArray = npt.NDArray[np.float64]
@@ -185,7 +185,7 @@ def encode_steps(
         raise ValueError(f"version {version} must exceed base_version {base_version}")
     return b"".join(
         [
-            wire._header(TYPE_STEPS, 0, _FAMILY_FLAGS[family], job),
+            wire.encode_header(TYPE_STEPS, 0, _FAMILY_FLAGS[family], job),
             wire.uvarint(base_version),
             wire.uvarint(version),
             wire.uvarint(d),
@@ -213,7 +213,7 @@ def encode_state(
     if xs.ndim != 1 or not 0 < xs.size <= wire.MAX_D:
         raise ValueError(f"model must be a 1-D array of 1..{wire.MAX_D} entries")
     parts = [
-        wire._header(TYPE_STATE, 0, 0 if aggregate is None else 1, job),
+        wire.encode_header(TYPE_STATE, 0, 0 if aggregate is None else 1, job),
         wire.uvarint(version),
         wire.uvarint(xs.size),
         _array_part(xs),
@@ -248,15 +248,15 @@ def decode_downlink(
         raise WireFormatError(f"malformed downlink message ({type(exc).__name__}: {exc})") from exc
 
 
-def _head(r: wire._Reader, kind: int) -> tuple[int, str]:
-    comp, flags, job = wire._read_header(r, kind)
+def _head(r: wire.Reader, kind: int) -> tuple[int, str]:
+    comp, flags, job = wire.read_header(r, kind)
     if comp != 0 or flags not in (0, 1):
         raise WireFormatError(f"downlink message: compressor byte {comp} / flags {flags:#04x}")
     return flags, job
 
 
 def _decode_state(buf: bytes) -> StateSnapshot:
-    r = wire._Reader(buf)
+    r = wire.Reader(buf)
     flags, job = _head(r, TYPE_STATE)
     version = r.uvarint("version", _MAX_U63)
     d = r.uvarint("d", wire.MAX_D)
@@ -268,7 +268,7 @@ def _decode_state(buf: bytes) -> StateSnapshot:
     return StateSnapshot(job, version, x, aggregate)
 
 
-def _read_array(r: wire._Reader, buf: bytes, d: int, what: str) -> FloatArray:
+def _read_array(r: wire.Reader, buf: bytes, d: int, what: str) -> FloatArray:
     form = r.byte(f"{what} form")
     if form == 0:
         arr = np.array(r.array(d, np.dtype("<f8"), what), dtype=np.float64)
@@ -286,7 +286,7 @@ def _read_array(r: wire._Reader, buf: bytes, d: int, what: str) -> FloatArray:
 
 
 def _decode_steps(buf: bytes) -> Steps:
-    r = wire._Reader(buf)
+    r = wire.Reader(buf)
     flags, job = _head(r, TYPE_STEPS)
     base = r.uvarint("base_version", _MAX_U63)
     version = r.uvarint("version", _MAX_U63)
@@ -295,7 +295,7 @@ def _decode_steps(buf: bytes) -> Steps:
     d = r.uvarint("d", wire.MAX_D)
     if d == 0:
         raise WireFormatError("d must be > 0")
-    job_ident = wire._ident(job, "job")
+    job_ident = wire.encode_ident(job, "job")
     ops: list[Op] = []
     ends = 0
     while r.pos < len(buf):
@@ -309,7 +309,7 @@ def _decode_steps(buf: bytes) -> Steps:
     return Steps(job, base, version, d, _FLAG_FAMILIES[flags], tuple(ops))
 
 
-def _read_op(r: wire._Reader, buf: bytes, d: int, job_ident: bytes) -> Op:
+def _read_op(r: wire.Reader, buf: bytes, d: int, job_ident: bytes) -> Op:
     code = r.byte("operation")
     if code in (OP_ADD, OP_ADDW, OP_MOVE):
         weight = 1.0
@@ -331,14 +331,14 @@ def _read_op(r: wire._Reader, buf: bytes, d: int, job_ident: bytes) -> Op:
     raise WireFormatError(f"unknown operation code {code}")
 
 
-def _finite(r: wire._Reader, what: str) -> float:
+def _finite(r: wire.Reader, what: str) -> float:
     value = float(_F64.unpack(r.take(8, what))[0])
     if not np.isfinite(value):
         raise WireFormatError(f"{what} is not finite: {value}")
     return value
 
 
-def _read_entry(r: wire._Reader, d: int, job_ident: bytes) -> Update:
+def _read_entry(r: wire.Reader, d: int, job_ident: bytes) -> Update:
     """One relayed update: rebuilt into a full update message and checked by wire.decode."""
     size = r.uvarint("entry length", len(r.buf))
     entry = r.take(size, "entry")

@@ -126,7 +126,10 @@ _VALID_IDS: dict[bytes, str] = {}
 _VALID_IDS_MAX = 4096
 
 
-class _Reader:
+class Reader:
+    """Reads a message front to back; every read names what it reads, and a short or bad
+    field raises :class:`WireFormatError` saying which (shared with the downlink codec)."""
+
     __slots__ = ("buf", "pos")
 
     def __init__(self, buf: bytes) -> None:
@@ -203,18 +206,25 @@ class _Reader:
             raise WireFormatError(f"{len(self.buf) - self.pos} trailing bytes")
 
 
-def _ident(s: str, what: str) -> bytes:
+def encode_ident(s: str, what: str) -> bytes:
+    """``s`` as an id field (length, ASCII bytes); ValueError naming ``what`` if invalid."""
     raw = s.encode("ascii", errors="strict") if s.isascii() else b""
     if not raw or len(raw) > MAX_ID_BYTES or _ID_RE.fullmatch(s) is None:
         raise ValueError(f"{what} {s!r} must be 1..{MAX_ID_BYTES} characters of [A-Za-z0-9._-]")
     return uvarint(len(raw)) + raw
 
 
-def _header(kind: int, compressor: int, flags: int, job: str) -> bytes:
-    return MAGIC + bytes([VERSION, kind, compressor, flags]) + _ident(job, "job")
+_ident = encode_ident  # the spelling encoded_size uses
 
 
-def _read_header(r: _Reader, kind: int) -> tuple[int, int, str]:
+def encode_header(kind: int, compressor: int, flags: int, job: str) -> bytes:
+    """The common header: magic, version, message ``kind``, compressor and flags bytes,
+    the job id."""
+    return MAGIC + bytes([VERSION, kind, compressor, flags]) + encode_ident(job, "job")
+
+
+def read_header(r: Reader, kind: int) -> tuple[int, int, str]:
+    """(compressor byte, flags byte, job) of a message that must be of type ``kind``."""
     if r.take(2, "magic") != MAGIC:
         raise WireFormatError("bad magic: not a cat-edge message")
     version = r.byte("version")
@@ -309,8 +319,8 @@ def encode(
     if mac_key is not None:
         flags |= FLAG_MAC
     parts = [
-        _header(TYPE_UPDATE, COMPRESSOR_IDS[u.compressor], flags, job),
-        _ident(agent, "agent"),
+        encode_header(TYPE_UPDATE, COMPRESSOR_IDS[u.compressor], flags, job),
+        encode_ident(agent, "agent"),
         uvarint(round),
         uvarint(seq),
         uvarint(u.d),
@@ -349,7 +359,7 @@ def decode(blob: bytes | bytearray | memoryview) -> tuple[UpdateHeader, Update]:
 
 
 #: (compressor, value dtype, semantics, job, agent, round, seq, d, T, offset of the body)
-_Head = tuple[str, ValueDtype, Semantics, str, str, int, int, int, int, int]
+Head = tuple[str, ValueDtype, Semantics, str, str, int, int, int, int, int]
 _UPDATE_PREFIX = MAGIC + bytes([VERSION, TYPE_UPDATE])
 #: every valid flags byte -> (value dtype, semantics)
 _FLAGS: dict[int, tuple[ValueDtype, Semantics]] = {
@@ -381,9 +391,9 @@ def _uvarint_at(buf: bytes, pos: int) -> tuple[int, int]:
             return -1, pos
 
 
-def _header_fast(buf: bytes) -> _Head | None:
+def header_fast(buf: bytes) -> Head | None:
     """The update header when every field is valid and both names are in the cache of
-    validated ids (the common case); None otherwise, and :func:`_header_checked` then
+    validated ids (the common case); None otherwise, and :func:`header_checked` then
     parses it again and raises the exact error. Accepts exactly what that one accepts."""
     if buf[:4] != _UPDATE_PREFIX:
         return None
@@ -410,10 +420,10 @@ def _header_fast(buf: bytes) -> _Head | None:
     return compressor, dtype_sem[0], dtype_sem[1], job, agent, rnd, seq, d, t, pos
 
 
-def _header_checked(buf: bytes) -> _Head:
+def header_checked(buf: bytes) -> Head:
     """The update header, every check in spec order, raising WireFormatError."""
-    r = _Reader(buf)
-    comp_id, flags, job = _read_header(r, TYPE_UPDATE)
+    r = Reader(buf)
+    comp_id, flags, job = read_header(r, TYPE_UPDATE)
     compressor = _ID_COMPRESSORS.get(comp_id)
     if compressor is None:
         raise WireFormatError(f"unknown compressor id {comp_id}")
@@ -448,9 +458,9 @@ def unsigned_part(buf: bytes) -> tuple[bytes, bool]:
 
 def _decode(blob: bytes) -> tuple[UpdateHeader, Update]:
     buf, mac = unsigned_part(blob)
-    head = _header_fast(buf) or _header_checked(buf)
+    head = header_fast(buf) or header_checked(buf)
     compressor, dtype_name, semantics, job, agent, rnd, seq, d, t, pos = head
-    r = _Reader(buf)
+    r = Reader(buf)
     r.pos = pos
     dt = VALUE_DTYPES[dtype_name]
     scale: float | None = None
@@ -495,7 +505,7 @@ def encode_snapshot(x: npt.ArrayLike, *, job: str, version: int) -> bytes:
         raise ValueError(f"model must be a 1-D array of 1..{MAX_D} entries, got shape {arr.shape}")
     return b"".join(
         [
-            _header(TYPE_SNAPSHOT, 0, _DTYPE_CODES["float64"], job),
+            encode_header(TYPE_SNAPSHOT, 0, _DTYPE_CODES["float64"], job),
             uvarint(version),
             uvarint(arr.size),
             arr.tobytes(),
@@ -521,7 +531,7 @@ def encode_delta(
         raise ValueError(f"version {version} must exceed base_version {base_version}")
     return b"".join(
         [
-            _header(TYPE_DELTA, 0, _DTYPE_CODES["float64"], job),
+            encode_header(TYPE_DELTA, 0, _DTYPE_CODES["float64"], job),
             uvarint(base_version),
             uvarint(version),
             uvarint(d),
@@ -549,15 +559,15 @@ def decode_model(blob: bytes | bytearray | memoryview) -> Snapshot | Delta:
         raise WireFormatError(f"malformed model message ({type(exc).__name__}: {exc})") from exc
 
 
-def _model_header(r: _Reader, kind: int) -> str:
-    comp, flags, job = _read_header(r, kind)
+def _model_header(r: Reader, kind: int) -> str:
+    comp, flags, job = read_header(r, kind)
     if comp != 0 or flags != _DTYPE_CODES["float64"]:
         raise WireFormatError(f"model message: compressor byte {comp} / flags {flags:#04x} invalid")
     return job
 
 
 def _decode_snapshot(buf: bytes) -> Snapshot:
-    r = _Reader(buf)
+    r = Reader(buf)
     job = _model_header(r, TYPE_SNAPSHOT)
     version = r.uvarint("version", 2**63 - 1)
     d = r.uvarint("d", MAX_D)
@@ -571,7 +581,7 @@ def _decode_snapshot(buf: bytes) -> Snapshot:
 
 
 def _decode_delta(buf: bytes) -> Delta:
-    r = _Reader(buf)
+    r = Reader(buf)
     job = _model_header(r, TYPE_DELTA)
     base = r.uvarint("base_version", 2**63 - 1)
     version = r.uvarint("version", 2**63 - 1)
@@ -594,7 +604,7 @@ def body_offset(blob: bytes) -> int:
     starts: what follows the header fields. Raises WireFormatError for a bad header."""
     buf = bytes(blob)
     try:
-        head = _header_fast(buf) or _header_checked(buf)
+        head = header_fast(buf) or header_checked(buf)
     except WireFormatError:
         raise
     except Exception as exc:

@@ -17,11 +17,11 @@ from edge_agent.numerics.compressors import VALUE_DTYPES, Update
 from edge_agent.protocol.indexcode import BlockLayout, block_layout, decode_blocks
 from edge_agent.protocol.mac import FLAG_MAC
 from edge_agent.protocol.wire import (
+    Head,
     UpdateHeader,
-    _Head,
-    _header_checked,
-    _header_fast,
     decode,
+    header_checked,
+    header_fast,
     unsigned_part,
 )
 
@@ -58,7 +58,7 @@ def decode_many(
     if isinstance(blobs, bytes | bytearray | memoryview | str) or not isinstance(blobs, Sequence):
         raise TypeError(f"decode_many takes a sequence of messages, got {type(blobs).__name__}")
     out: list[tuple[UpdateHeader, Update] | WireFormatError | None] = [None] * len(blobs)
-    rows: list[tuple[int, bytes, _Head, int]] = []  # index, message, header, value offset
+    rows: list[tuple[int, bytes, Head, int]] = []  # index, message, header, value offset
     bodies: list[bytes] = []
     layouts: list[BlockLayout] = []
     full: list[object] = []  # the whole message of each row (a signed one: with its MAC)
@@ -75,10 +75,10 @@ def decode_many(
         except WireFormatError as exc:
             out[i] = exc
             continue
-        head = _header_fast(buf)
+        head = header_fast(buf)
         if head is None:
             try:
-                head = _header_checked(buf)  # names not seen yet, or an error
+                head = header_checked(buf)  # names not seen yet, or an error
             except WireFormatError:
                 head = None
         if head is None or head[0] == "dense" or head[8] == 0 or head[9] >= len(buf):
@@ -109,7 +109,7 @@ def decode_many(
 
 
 def _decode_rows(
-    rows: list[tuple[int, bytes, _Head, int]],
+    rows: list[tuple[int, bytes, Head, int]],
     bodies: list[bytes],
     layouts: list[BlockLayout],
     out: list[tuple[UpdateHeader, Update] | WireFormatError | None],
@@ -149,7 +149,7 @@ def _decode_rows(
 
 
 def _values(
-    rows: list[tuple[int, bytes, _Head, int]],
+    rows: list[tuple[int, bytes, Head, int]],
     members: list[int],
     dt: np.dtype[np.floating],
     sign: bool,
@@ -175,7 +175,7 @@ def _values(
 
 
 def _signs(
-    rows: list[tuple[int, bytes, _Head, int]],
+    rows: list[tuple[int, bytes, Head, int]],
     members: list[int],
     dt: np.dtype[np.floating],
     values: list[npt.NDArray[np.generic] | None],

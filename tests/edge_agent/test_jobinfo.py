@@ -4,22 +4,19 @@ so in one ERROR line naming both values and gives up before it sends an update (
 
 from __future__ import annotations
 
+import ast
 import logging
+from pathlib import Path
 
-import numpy as np
 import pytest
+from agent_harness import JOB, Clock, D, listen
+from agent_harness import make_agent as harness_agent
 
 from edge_agent.agent import jobinfo
-from edge_agent.agent.loop import Agent, AgentConfig
-from edge_agent.data import make_rcv1_like
+from edge_agent.agent.loop import Agent
 from edge_agent.errors import WireFormatError
-from edge_agent.links.profiles import resolve_profile
-from edge_agent.numerics.models import make_model
 from edge_agent.protocol import messages, topics
-from edge_agent.transports import Message, Transport, open_transport
-
-JOB = "job1"
-D = 40
+from edge_agent.transports import Message
 
 
 def info(**fields: object) -> jobinfo.JobInfo:
@@ -65,6 +62,30 @@ def test_conflicts_name_both_values_and_the_fix() -> None:
     assert conflict(info(job="other"), d=1) is None  # not our job: not ours to judge
 
 
+FIT = jobinfo.Fit(JOB, "me", D, "logreg", "ef21", "topk")
+
+
+def test_judge_gives_a_verdict_on_the_job_topic_and_on_addressed_json_only() -> None:
+    ok = jobinfo.judge(topics.job_info(JOB), info().dump(), FIT)
+    assert ok == jobinfo.Verdict(None, None)
+    bad = jobinfo.judge(topics.to_agent(JOB, "me"), info(d=D + 1).dump(), FIT)
+    assert bad is not None and bad.conflict is not None and f"d={D + 1} (AGG_D)" in bad.conflict
+    assert bad.give_up == f"agent me does not fit the job: {bad.conflict}"
+    control = messages.dump(messages.Control(cmd="pause"))
+    assert jobinfo.judge(topics.to_agent(JOB, "me"), control, FIT) is None
+    assert jobinfo.judge(topics.to_agent(JOB, "other"), info().dump(), FIT) is None
+    assert jobinfo.judge(topics.control(JOB), info().dump(), FIT) is None
+
+
+def test_jobinfo_imports_nothing_of_the_agent() -> None:
+    """The agent acts on a Verdict; jobinfo knows no Agent (not even for type checking)."""
+    tree = ast.parse(Path(jobinfo.__file__).read_text(encoding="utf-8"))
+    imported = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)] + [
+        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+    ]
+    assert not [m for m in imported if m.startswith("edge_agent.agent")], imported
+
+
 def test_parse_tells_job_info_from_control_and_refuses_a_bad_one() -> None:
     assert jobinfo.parse(info().dump()) == info()
     assert jobinfo.parse(b'{"type":"control","cmd":"stop"}') is None
@@ -75,30 +96,13 @@ def test_parse_tells_job_info_from_control_and_refuses_a_bad_one() -> None:
 
 
 def make_agent(url: str, feedback: str) -> Agent:
-    data = make_rcv1_like(30, D, rng=np.random.default_rng(0), nnz_per_row=5)
-    config = AgentConfig(job=JOB, agent_id="me", duty_cycle="ignore", feedback=feedback)  # type: ignore[arg-type]
-    return Agent(
-        config,
-        model=make_model("logreg", n_features=D),
-        data=data,
-        profile=resolve_profile("wifi_rpi4_mqtt_tls13"),
-        transport=open_transport(url, role="agent", client_id="me"),
-        smoothness=1.0,
-    )
-
-
-def peer(url: str) -> Transport:
-    t = open_transport(url, role="aggregator", client_id="agg")
-    t.connect()
-    for pattern in topics.agent_inbound(JOB):
-        t.subscribe(pattern)
-    return t
+    return harness_agent(url, Clock(), feedback=feedback)
 
 
 def test_a_conflicting_agent_reads_the_retained_settings_and_gives_up_before_any_update(
     memory_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    agg = peer(memory_url)
+    agg = listen(memory_url)
     agg.publish(topics.job_info(JOB), info().dump(), retain=True)
     agent = make_agent(memory_url, "none")
     caplog.set_level(logging.ERROR, logger="edge_agent")

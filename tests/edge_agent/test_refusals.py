@@ -7,47 +7,11 @@ import logging
 
 import numpy as np
 import pytest
+from agent_harness import JOB, Clock, D, listen, make_agent
 
 from edge_agent.agent.answers import NO_ANSWER_WARN_S
-from edge_agent.agent.loop import Agent, AgentConfig
-from edge_agent.data import make_rcv1_like
-from edge_agent.links.profiles import resolve_profile
-from edge_agent.numerics.models import make_model
 from edge_agent.protocol import messages, topics, wire
-from edge_agent.transports import Message, Transport, open_transport
-
-JOB = "job1"
-D = 40
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def make_agent(url: str, clock: Clock, **cfg: object) -> Agent:
-    data = make_rcv1_like(30, D, rng=np.random.default_rng(0), nnz_per_row=5)
-    config = AgentConfig(job=JOB, agent_id="me", duty_cycle="ignore", **cfg)  # type: ignore[arg-type]
-    return Agent(
-        config,
-        model=make_model("logreg", n_features=D),
-        data=data,
-        profile=resolve_profile("wifi_rpi4_mqtt_tls13"),
-        transport=open_transport(url, role="agent", client_id="me"),
-        smoothness=1.0,
-        clock=clock,
-    )
-
-
-def listen(url: str) -> Transport:
-    t = open_transport(url, role="aggregator", client_id="peer")
-    t.connect()
-    for pattern in topics.agent_inbound(JOB):
-        t.subscribe(pattern)
-    return t
+from edge_agent.transports import Message, Transport
 
 
 def refused(agent: str, reason: str, detail: str = "") -> Message:

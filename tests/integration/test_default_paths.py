@@ -1,0 +1,188 @@
+"""The default-path matrix: what a new user runs by hand, as real processes, trains.
+
+The README's by-hand path and nothing else: the aggregator with ``AGG_JOB``, ``AGG_D``,
+``AGG_TRANSPORTS`` and ``AGG_DATA_DIR`` (``AGG_DOWNLINK`` only where the downlink mode is
+the one under test), ``uvicorn aggregator.app:app``; agents with ``edge-agent run --profile
+--server --job --agent-id --data --features``; data from ``edge-agent data generate`` at the
+README's d = 47,236. Every other setting keeps its default: EF21 feedback, the exact
+downlink, downlink pacing, the agent's duty cycle from its profile (``--duty-cycle wait``),
+``--resend-s 10``. A run passes when ``/status`` (over HTTP) reaches
+:data:`VERSIONS` versions and every agent exits 0 on SIGINT having trained without
+looping on requests.
+
+The matrix: {ZeroMQ, Mosquitto} x {exact, cat, delta} with one agent, and {ZeroMQ,
+Mosquitto} x exact with three agents on different profiles. The three profiles are ones
+that train at real speed (Wi-Fi ESP32, BLE 5 2M, Wi-Fi Raspberry Pi 4): LoRaWAN EU868's
+1 % duty cycle and ten downlinks a day, or NB-IoT's 85-byte downlink packets under the
+default pacing, space versions minutes (seconds, for NB-IoT, at this d) apart, so ten
+versions do not fit in a test. A new setting's default belongs here (docs/operating.md,
+"The default-path matrix").
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e_helpers import AggregatorProcess, server_url, wait_until
+
+from aggregator.localnet import service_env, tail
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+#: the README's d (the RCV1 feature count)
+D = 47_236
+#: versions every run must reach
+VERSIONS = 10
+#: profiles that train at real speed under their own duty cycle and the default pacing
+PROFILES = ("wifi_esp32_mqtt_tcp", "ble5_2m_dle_notify", "wifi_rpi4_mqtt_tls13")
+#: messages an agent may send besides its updates (hello, requests, re-sends, goodbye)
+CONTROL_ALLOWANCE = 12
+TRAIN_TIMEOUT_S = 60.0
+
+
+def edge_agent(*args: str) -> list[str]:
+    """The ``edge-agent`` command line, run by this interpreter."""
+    return [sys.executable, "-m", "edge_agent.cli", *args]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Three RCV1-like shards at d = 47,236, written by ``edge-agent data generate``."""
+    out = tmp_path_factory.mktemp("shards")
+    cmd = edge_agent("data", "generate", "--rows", "150", "--shards", "3")
+    cmd += ["--features", str(D), "--out", str(out)]
+    subprocess.run(cmd, env=service_env({}), check=True, capture_output=True, timeout=60)
+    files = sorted(out.glob("shard-*"))
+    assert len(files) == 3, files
+    return files
+
+
+@dataclass
+class Agent:
+    """One ``edge-agent run`` process and its output files."""
+
+    agent_id: str
+    proc: subprocess.Popen[bytes]
+    out: Path
+    err: Path
+
+    def summary(self) -> dict[str, Any]:
+        lines = self.out.read_text().strip().splitlines()
+        assert lines, f"{self.agent_id} printed no summary\n{tail(self.err, 15)}"
+        return dict(json.loads(lines[-1]))
+
+
+@dataclass
+class Run:
+    aggregator: AggregatorProcess
+    agents: list[Agent]
+
+    def diagnose(self) -> str:
+        return "\n".join(
+            [self.aggregator.diagnose()]
+            + [f"{a.agent_id} stderr:\n{tail(a.err, 15)}" for a in self.agents]
+        )
+
+
+@pytest.fixture
+def run_job(request: pytest.FixtureRequest, tmp_path: Path, shards: list[Path]) -> Iterator[Any]:
+    """``run_job(transport, mode, n)``: start the aggregator and ``n`` agents by hand."""
+    runs: list[Run] = []
+
+    def start(transport: str, mode: str, n: int) -> Run:
+        url = server_url(transport, request)
+        job = f"line-3-{transport}-{mode}-{n}"
+        settings = {
+            "AGG_JOB": job,
+            "AGG_D": str(D),
+            "AGG_TRANSPORTS": url,
+            "AGG_DATA_DIR": str(tmp_path / "agg"),
+        }
+        if mode != "exact":  # the default is exact: set only the mode under test
+            settings["AGG_DOWNLINK"] = mode
+        agg = AggregatorProcess(tmp_path / "svc", settings)
+        run = Run(agg, [])
+        runs.append(run)
+        agg.start()
+        for i in range(n):
+            agent_id = f"pi-{i:02d}"
+            out, err = tmp_path / f"{agent_id}.out", tmp_path / f"{agent_id}.err"
+            cmd = edge_agent("run", "--profile", PROFILES[i], "--server", url, "--job", job)
+            cmd += ["--agent-id", agent_id, "--data", str(shards[i]), "--features", str(D)]
+            with out.open("wb") as o, err.open("wb") as e:
+                proc = subprocess.Popen(cmd, env=service_env({}), stdout=o, stderr=e)
+            run.agents.append(Agent(agent_id, proc, out, err))
+        return run
+
+    try:
+        yield start
+    finally:
+        for run in runs:
+            for a in run.agents:
+                if a.proc.poll() is None:
+                    a.proc.kill()
+                    a.proc.wait(timeout=10)
+            run.aggregator.close()
+
+
+def wait_trained(run: Run) -> list[dict[str, Any]]:
+    """Wait for :data:`VERSIONS` versions on ``/status``; ``/agents`` then."""
+
+    def trained() -> bool:
+        for a in run.agents:
+            if a.proc.poll() is not None:
+                raise AssertionError(f"{a.agent_id} exited with {a.proc.returncode}")
+        return int(run.aggregator.status()["model_version"]) >= VERSIONS
+
+    wait_until(trained, TRAIN_TIMEOUT_S, f"{VERSIONS} versions", diagnose=run.diagnose)
+    return list(run.aggregator.get("/agents"))
+
+
+def stop(run: Run) -> list[dict[str, Any]]:
+    """SIGINT every agent; their JSON summaries (each must exit 0)."""
+    for a in run.agents:
+        a.proc.send_signal(signal.SIGINT)
+    for a in run.agents:
+        assert a.proc.wait(timeout=20) == 0, run.diagnose()
+    return [a.summary() for a in run.agents]
+
+
+def assert_no_request_loop(summary: dict[str, Any]) -> None:
+    """Each message beyond the updates is a hello, request, re-send or goodbye: a handful,
+    however many model messages the agent could not apply."""
+    sent, updates = summary["up"]["messages"], summary["updates"]
+    assert updates >= 1, summary
+    assert sent - updates <= CONTROL_ALLOWANCE, summary
+    assert sum(summary["dropped"].values()) <= CONTROL_ALLOWANCE, summary
+
+
+@pytest.mark.parametrize("mode", ["exact", "cat", "delta"])
+@pytest.mark.parametrize("transport", ["zmq", "mqtt"])
+def test_one_agent_trains_with_the_defaults(run_job: Any, transport: str, mode: str) -> None:
+    run = run_job(transport, mode, 1)
+    wait_trained(run)
+    [summary] = stop(run)
+    assert summary["rounds"] >= VERSIONS - 1, summary
+    assert_no_request_loop(summary)
+
+
+@pytest.mark.parametrize("transport", ["zmq", "mqtt"])
+def test_three_agents_on_three_profiles_train_with_the_defaults(
+    run_job: Any, transport: str
+) -> None:
+    run = run_job(transport, "exact", 3)
+    agents = {a["agent"]: a for a in wait_trained(run)}
+    assert sorted(agents) == ["pi-00", "pi-01", "pi-02"], agents
+    assert {a["profile"] for a in agents.values()} == set(PROFILES)
+    for a in agents.values():  # each one took part, not only the fastest
+        assert a["updates_accepted"] >= 3, a
+    for s in stop(run):
+        assert_no_request_loop(s)
