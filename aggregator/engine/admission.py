@@ -14,11 +14,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-from edge_agent.agent import jobinfo
 from edge_agent.errors import WireFormatError
 from edge_agent.numerics.compressors import COMPRESSOR_IDS, Update
+from edge_agent.protocol import jobinfo, messages, topics, wire
 from edge_agent.protocol import mac as update_mac
-from edge_agent.protocol import messages, topics, wire
 
 #: Every reason a message can be rejected for (the Prometheus label values).
 REJECT_REASONS: Final[tuple[str, ...]] = (

@@ -11,7 +11,7 @@ kept in memory only (a restarted aggregator may tell an agent once more). A refu
 concerns the agent's settings (:data:`edge_agent.protocol.messages.REFUSAL_FATAL`) also carries the
 job's settings addressed to the agent (:func:`job_info`), so that it gives up at once.
 
-The job's settings (:class:`edge_agent.agent.jobinfo.JobInfo`: job, d, model, feedback, family,
+The job's settings (:class:`edge_agent.protocol.jobinfo.JobInfo`: job, d, model, feedback, family,
 compressors) are published retained on ``cat/<job>/job`` (:func:`job_info`, part of
 :meth:`aggregator.engine.rounds.RoundEngine.state_controls`: on start and in answer to a hello).
 
@@ -28,9 +28,8 @@ from typing import Any, Final
 
 from aggregator.engine.outbound import Outbound, addressed, control_message
 from aggregator.engine.types import EngineConfig
-from edge_agent.agent import jobinfo
 from edge_agent.numerics.compressors import COMPRESSOR_IDS
-from edge_agent.protocol import messages, topics
+from edge_agent.protocol import jobinfo, messages, topics
 
 #: Rejections the sender is told about: its job settings (d, model, compressor, update
 #: semantics), an index out of range, or an update before an accepted hello

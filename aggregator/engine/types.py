@@ -17,9 +17,9 @@ from aggregator.engine.accounting import RoundRecord, Spend
 from aggregator.engine.admission import Limits, MacPolicy
 from aggregator.engine.outbound import Outbound
 from aggregator.engine.robust_round import Aggregation
-from edge_agent.agent.jobinfo import FEEDBACK_SETTINGS, FeedbackSetting
 from edge_agent.links.cost import ZERO, Cost
 from edge_agent.protocol import messages, topics
+from edge_agent.protocol.jobinfo import FEEDBACK_SETTINGS, FeedbackSetting
 
 FloatArray = npt.NDArray[np.float64]
 Mode = Literal["sync", "async"]

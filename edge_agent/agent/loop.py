@@ -22,7 +22,6 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from edge_agent.agent import jobinfo
 from edge_agent.agent.answers import Answers
 from edge_agent.agent.catchup import CatchUp, Want, want_for
 from edge_agent.agent.ledger import AgentCounters, CostLedger, RoundLog
@@ -41,7 +40,7 @@ from edge_agent.numerics.curvature import (
 from edge_agent.numerics.feedback import FEEDBACK, Feedback
 from edge_agent.numerics.models import Model
 from edge_agent.numerics.selection import Policy, Price, make_price, parse_policy
-from edge_agent.protocol import messages, topics
+from edge_agent.protocol import jobinfo, messages, topics
 from edge_agent.protocol.downlink import Family, StateSnapshot, decode_downlink
 from edge_agent.protocol.wire import MAGIC, Delta, Snapshot, encode
 from edge_agent.transports import Message, Transport
@@ -311,7 +310,7 @@ class Agent:
         self.answers.heard(self.clock())
         try:
             verdict = jobinfo.judge(msg.topic, msg.payload, self._fit)
-            if verdict is not None:  # the job's settings: edge_agent/agent/jobinfo.py
+            if verdict is not None:  # the job's settings: edge_agent/protocol/jobinfo.py
                 self._judged(verdict)
                 return
             if msg.topic == self._topic_delta or msg.topic == self._topic_model:

@@ -92,7 +92,7 @@ def control(job: str) -> str:
 
 
 def job_info(job: str) -> str:
-    """``cat/<job>/job``: the job's settings (retained JSON, :mod:`edge_agent.agent.jobinfo`)."""
+    """``cat/<job>/job``: the job's settings (retained JSON, :mod:`edge_agent.protocol.jobinfo`)."""
     return f"{job_prefix(job)}job"
 
 

@@ -24,9 +24,8 @@ from aggregator.engine.refusals import MAX_REFUSED_AGENTS, RefusedAgents
 from aggregator.engine.rounds import EngineConfig, RoundEngine
 from aggregator.service.settings import SettingsError, load_settings
 from aggregator.web.app import create_app
-from edge_agent.agent import jobinfo
 from edge_agent.numerics.compressors import compress
-from edge_agent.protocol import messages, topics, wire
+from edge_agent.protocol import jobinfo, messages, topics, wire
 from edge_agent.transports import open_transport
 
 JOB = "job1"

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.agent.jobinfo import wrong_d_fix
 from edge_agent.cli.commands import main
 from edge_agent.data import load_dataset
 from edge_agent.errors import DataError
+from edge_agent.protocol.jobinfo import wrong_d_fix
 
 JOB_D = 40
 

@@ -12,10 +12,9 @@ import pytest
 from agent_harness import JOB, Clock, D, listen
 from agent_harness import make_agent as harness_agent
 
-from edge_agent.agent import jobinfo
 from edge_agent.agent.loop import Agent
 from edge_agent.errors import WireFormatError
-from edge_agent.protocol import messages, topics
+from edge_agent.protocol import jobinfo, messages, topics
 from edge_agent.transports import Message
 
 
