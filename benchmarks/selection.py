@@ -3,6 +3,8 @@ correctness against the sort-based ``select_exhaustive``, and the hybrid heurist
 
     python benchmarks/selection.py [--quick] [--big]
 
+(``--quick``: d in {10^3, 10^5, 10^6}, one gradient, 3 repeats: what ``make bench-check`` runs.)
+
 One JSON line per (d, profile, gradient, compressor), d in {10^3 .. 10^6} (10^7 with --big):
 
 * ``t``: T* from ``select``; ``t_exhaustive`` and ``exact`` (must be true) from
@@ -255,7 +257,7 @@ def main() -> None:
     rng = np.random.default_rng(2003_06377)
     dims = [10**3, 10**4, 10**5, 10**6] + ([10**7] if args.big else [])
     if args.quick:
-        dims = [10**3, 10**5]
+        dims = [10**3, 10**5, 10**6]
     repeats = 3 if args.quick else 7
     inline: list[tuple[str, SupportsObjectiveCost]] = [
         ("inline_payload_bits", PayloadBits()),
