@@ -9,6 +9,7 @@ import pytest
 
 from edge_agent.data import datafiles
 from edge_agent.data.datagen import make_rcv1_like
+from edge_agent.data.sparse import CSRMatrix
 from edge_agent.errors import DataError
 
 
@@ -24,12 +25,15 @@ def test_chunked_read_equals_a_whole_file_read(
     assert path.stat().st_size < datafiles.CHUNK_BYTES
     monkeypatch.setattr(datafiles, "CHUNK_BYTES", 997)  # pieces end mid-line, mid-number
     pieces = datafiles.read_libsvm(path)
-    for a, b in [
-        (whole.X.data, pieces.X.data),
-        (whole.X.indices, pieces.X.indices),
-        (whole.X.indptr, pieces.X.indptr),
+    wx, px = whole.X, pieces.X
+    assert isinstance(wx, CSRMatrix) and isinstance(px, CSRMatrix)
+    pairs: list[tuple[np.ndarray, np.ndarray]] = [
+        (wx.data, px.data),
+        (np.asarray(wx.indices), np.asarray(px.indices)),
+        (wx.indptr, px.indptr),
         (whole.y, pieces.y),
-    ]:
+    ]
+    for a, b in pairs:
         assert a.dtype == b.dtype and np.array_equal(a, b)
     assert whole.X.shape == pieces.X.shape
 
