@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo demo-misconfigured test test-fast lint typecheck bench clean
+.PHONY: demo demo-misconfigured test test-fast lint typecheck bench bench-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,12 @@ typecheck: $(STAMP)
 
 bench: $(STAMP)
 	for b in benchmarks/*.py; do $(BIN)/python $$b || exit 1; done
+
+# Quick runs of the selection, codec, footprint and ingest benchmarks, each ratio against
+# its target in benchmarks/targets.json: one met/missed line per target, then the run's
+# JSON; exit 1 if a target is missed, 2 if a benchmark failed (benchmarks/README.md).
+bench-check: $(STAMP)
+	$(BIN)/python benchmarks/check.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -50,14 +50,9 @@ def environment() -> dict[str, Any]:
     }
 
 
-def median_seconds(
-    fn: Callable[[], object], *, repeats: int = 7, min_sample_s: float = 0.005
-) -> float:
-    """Median wall time of one call of ``fn``, in seconds.
-
-    Calls are batched so that each of the ``repeats`` samples lasts at least
-    ``min_sample_s`` (like timeit's autorange); one warm-up call comes first.
-    """
+def _calls_per_sample(fn: Callable[[], object], min_sample_s: float) -> tuple[int, float]:
+    """How many calls of ``fn`` last at least ``min_sample_s`` (like timeit's autorange),
+    after one warm-up call; and the seconds per call of that calibration run."""
     fn()
     number = 1
     while True:
@@ -66,15 +61,48 @@ def median_seconds(
             fn()
         elapsed = time.perf_counter() - start
         if elapsed >= min_sample_s or number >= 1 << 20:
-            break
+            return number, elapsed / number
         number *= 2 if elapsed <= 0 else max(2, min(10, math.ceil(min_sample_s / elapsed)))
-    samples = [elapsed / number]
-    for _ in range(repeats - 1):
-        start = time.perf_counter()
-        for _ in range(number):
-            fn()
-        samples.append((time.perf_counter() - start) / number)
-    return statistics.median(samples)
+
+
+def _sample(fn: Callable[[], object], number: int) -> float:
+    start = time.perf_counter()
+    for _ in range(number):
+        fn()
+    return (time.perf_counter() - start) / number
+
+
+def median_seconds(
+    fn: Callable[[], object], *, repeats: int = 7, min_sample_s: float = 0.005
+) -> float:
+    """Median wall time of one call of ``fn``, in seconds.
+
+    Calls are batched so that each of the ``repeats`` samples lasts at least
+    ``min_sample_s`` (like timeit's autorange); one warm-up call comes first.
+    """
+    number, first = _calls_per_sample(fn, min_sample_s)
+    return statistics.median([first] + [_sample(fn, number) for _ in range(repeats - 1)])
+
+
+def median_ratio(
+    fn: Callable[[], object],
+    baseline: Callable[[], object],
+    *,
+    repeats: int = 7,
+    min_sample_s: float = 0.005,
+) -> tuple[float, float, float]:
+    """(median of time(fn) / time(baseline), median seconds of fn, of baseline).
+
+    The samples alternate (fn, baseline, fn, ...) and each ratio is taken within one pair,
+    so a change of load on a shared machine moves both sides of it alike."""
+    n_fn, _ = _calls_per_sample(fn, min_sample_s)
+    n_base, _ = _calls_per_sample(baseline, min_sample_s)
+    pairs = [(_sample(fn, n_fn), _sample(baseline, n_base)) for _ in range(repeats)]
+    return (
+        statistics.median(a / b for a, b in pairs),
+        statistics.median(a for a, _ in pairs),
+        statistics.median(b for _, b in pairs),
+    )
 
 
 def parser(doc: str | None) -> argparse.ArgumentParser:

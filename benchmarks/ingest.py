@@ -303,6 +303,7 @@ def aggregator_run(
         transports=[url],
         data_dir=data_dir,
         checkpoint_every=checkpoint_every,
+        feedback="none",  # the publisher sends plain top-k updates (the default job is ef21)
         # a new MQTT session per run: the broker would otherwise queue the next raw run's
         # messages for this (persistent, offline) client and replay them into the next run
         client_id=f"aggregator-{JOB}-{data_dir.name}",

@@ -3,7 +3,7 @@
 :func:`load_dataset` picks a reader from the file extension (:data:`READERS`). LIBSVM
 parsing is vectorised over the whole file (no Python loop over lines), so real RCV1 (20k
 rows, 47k features, 1.5M non-zeros) loads in a few seconds on a small board; files larger
-than :data:`CHUNK_BYTES` are parsed in pieces of about that size.
+than :data:`CHUNK_BYTES` are read and parsed in pieces of about that size.
 
 Labels: ``{0, 1}`` files are mapped to ``{-1, +1}`` on read (``map_binary``), anything
 else is kept (:func:`~edge_agent.data.dataset.normalise_labels`).
@@ -11,9 +11,9 @@ else is kept (:func:`~edge_agent.data.dataset.normalise_labels`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, BinaryIO, Literal, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -178,42 +178,58 @@ def _colons_of_pairs(raw: bytes, buf: npt.NDArray[np.uint8], tok: _Tokens, name:
     return colon_pos
 
 
+def _fixed_width(
+    buf: npt.NDArray[np.uint8], start: IndexArray, end: IndexArray
+) -> npt.NDArray[np.bytes_]:
+    """The byte strings ``buf[start[i]:end[i]]`` as one fixed-width ``S`` array (zero-padded,
+    as ``np.array(list_of_bytes)`` builds it), gathered one character column at a time: no
+    Python object per token, temporaries of one index per token."""
+    length = end - start
+    width = max(1, int(length.max()) if length.size else 1)
+    out = np.zeros((start.size, width), dtype=np.uint8)
+    for j in range(width):
+        has = np.flatnonzero(length > j)
+        out[has, j] = buf[start[has] + j]
+    return out.view(f"S{width}").ravel()
+
+
 def _read_entries(
     buf: npt.NDArray[np.uint8], tok: _Tokens, colon_pos: IndexArray, name: str
 ) -> _Entries:
-    """Split every 'i:v' into two parts and cast labels, indices and values."""
-    # the order of the parts is now label, i, v, i, v, ... per row
-    buf[colon_pos] = ord(" ")
-    parts = np.array(buf.tobytes().split(), dtype=np.bytes_)
-    per_token = np.where(tok.first, 1, 2)
-    if parts.size != int(per_token.sum()):  # cannot happen after the checks above
-        raise DataError(f"{name}: could not tokenise the file; {_LIBSVM_HINT}")
-    part_line = np.repeat(tok.line, per_token)
-    part_is_label = np.repeat(tok.first, per_token)
-    # Within the pair of a feature token, the first part is the index.
-    part_offset = np.arange(parts.size) - np.repeat(np.cumsum(per_token) - per_token, per_token)
-    part_is_index = ~part_is_label & (part_offset == 0)
-    part_is_value = ~part_is_label & (part_offset == 1)
-
+    """Split every 'i:v' at its colon and cast labels, indices and values."""
+    feat = ~tok.first
     labels = np.asarray(
         _parse_tokens(
-            parts[part_is_label], np.float64, part_line[part_is_label], name, "the label"
+            _fixed_width(buf, tok.start[tok.first], tok.end[tok.first]),
+            np.float64,
+            tok.line[tok.first],
+            name,
+            "the label",
         ),
         dtype=np.float64,
     )
+    value_lines = tok.line[feat]
     raw_idx = np.asarray(
         _parse_tokens(
-            parts[part_is_index], np.int64, part_line[part_is_index], name, "the feature index"
+            _fixed_width(buf, tok.start[feat], colon_pos),
+            np.int64,
+            value_lines,
+            name,
+            "the feature index",
         ),
         dtype=np.int64,
     )
     values = np.asarray(
         _parse_tokens(
-            parts[part_is_value], np.float64, part_line[part_is_value], name, "the feature value"
+            _fixed_width(buf, colon_pos + 1, tok.end[feat]),
+            np.float64,
+            value_lines,
+            name,
+            "the feature value",
         ),
         dtype=np.float64,
     )
-    return _Entries(labels, part_line[part_is_label], raw_idx, values, part_line[part_is_value])
+    return _Entries(labels, tok.line[tok.first], raw_idx, values, value_lines)
 
 
 def _check_finite(entries: _Entries, name: str) -> None:
@@ -331,47 +347,70 @@ def read_libsvm(
     ``{-1, +1}`` and multiclass integers are kept. Raises :class:`DataError`
     naming the file, the line and the offending token.
     """
-    p = Path(path)
     try:
-        raw = p.read_bytes()
-    except OSError as exc:
+        with Path(path).open("rb") as f:
+            return _read_libsvm_file(f, str(path), n_features, zero_based, map_binary)
+    except OSError as exc:  # (opening or reading: the parser itself does no I/O)
         raise DataError(f"{path}: cannot read the file ({exc.strerror}); check the path") from exc
-    if n_features is not None and n_features < 0:
-        raise DataError(f"{path}: n_features must be >= 0, got {n_features}")
-    if len(raw) <= CHUNK_BYTES:
-        return _parse_libsvm(raw, str(path), n_features, zero_based, map_binary)
-    return _parse_libsvm_chunked(raw, str(path), n_features, zero_based, map_binary)
 
 
-#: Files larger than this are parsed in pieces of about this size: the tokeniser needs
-#: roughly ten times its input in temporaries, which a device cannot spare for a whole file.
-CHUNK_BYTES = 1 << 20
-
-
-def _parse_libsvm_chunked(
-    raw: bytes,
+def _read_libsvm_file(
+    f: BinaryIO,
     name: str,
     n_features: int | None,
     zero_based: bool | Literal["auto"],
     map_binary: bool,
 ) -> Dataset:
-    """Parse ``raw`` chunk by chunk (split at line ends) and join the rows."""
+    head = f.read(CHUNK_BYTES + 1)
+    if n_features is not None and n_features < 0:
+        raise DataError(f"{name}: n_features must be >= 0, got {n_features}")
+    if len(head) <= CHUNK_BYTES:
+        return _parse_libsvm(head, name, n_features, zero_based, map_binary)
+    return _parse_libsvm_chunked(_line_chunks(f, head), name, n_features, zero_based, map_binary)
+
+
+#: Files larger than this are parsed in pieces of about this size, read one at a time: the
+#: tokeniser needs several times its input in temporaries, which a device cannot spare for
+#: a whole file (256 KiB: a few MB at most, and no slower than larger pieces).
+CHUNK_BYTES = 1 << 18
+
+
+def _line_chunks(f: BinaryIO, head: bytes) -> Iterator[bytes]:
+    """``head`` and the rest of ``f`` in pieces of about :data:`CHUNK_BYTES` that end at a
+    line end (the last one at the end of the file)."""
+    pending = head
+    while True:
+        block = f.read(CHUNK_BYTES)
+        if not block:
+            if pending:
+                yield pending
+            return
+        pending += block
+        cut = pending.rfind(b"\n") + 1
+        if cut:
+            yield pending[:cut]
+            pending = pending[cut:]
+
+
+def _parse_libsvm_chunked(
+    chunks: Iterable[bytes],
+    name: str,
+    n_features: int | None,
+    zero_based: bool | Literal["auto"],
+    map_binary: bool,
+) -> Dataset:
+    """Parse the ``chunks`` of a file (each ending at a line end) and join the rows."""
     parts: list[Dataset] = []
-    start = 0
     lines_before = 0
-    while start < len(raw):
-        end = raw.find(b"\n", min(start + CHUNK_BYTES, len(raw)) - 1)
-        end = len(raw) if end < 0 else end + 1
-        chunk = raw[start:end]
+    for chunk in chunks:
         # "auto" is decided on the whole file: keep raw indices (as 0-based) for now.
         zb: bool | Literal["auto"] = True if zero_based == "auto" else zero_based
         width_hint = None if zero_based == "auto" else n_features
         parts.append(_parse_libsvm(chunk, name, width_hint, zb, False, line_offset=lines_before))
         lines_before += chunk.count(b"\n")
-        start = end
     mats = [p.X for p in parts if isinstance(p.X, CSRMatrix)]
     data = np.concatenate([m.data for m in mats])
-    cols = np.concatenate([np.asarray(m.indices, dtype=np.int64) for m in mats])
+    cols = np.concatenate([m.indices for m in mats])  # (int32 where every part's fits)
     offsets = np.cumsum(np.array([0] + [m.nnz for m in mats[:-1]], dtype=np.int64))
     indptr = np.concatenate(
         [np.zeros(1, dtype=np.int64)]

@@ -3,7 +3,8 @@
     T* = argmax_{T_min <= T <= T_max} gain(T) / cost(size(T))      (ties: smallest T)
 
 ``gain`` is the descent-lemma guarantee of the compressor (the common 1/(2L) cancels),
-``size(T)`` the exact byte size :func:`edge_agent.protocol.wire.encoded_size` gives, ``cost`` the
+``size(T)`` the exact byte size :func:`edge_agent.protocol.wire.encoded_size` gives (priced
+through :func:`~edge_agent.protocol.wire.update_sizer`, built once per price), ``cost`` the
 profile's objective metric. The answer is exact, and for topk/signtopk it needs no full
 sort: the largest entries are found by one threshold pass, and every T beyond them is
 bounded from above using that no unseen entry exceeds the threshold (and the cost is
@@ -15,6 +16,8 @@ Alistarh et al.: the smallest T with A1(T) >= ||g||_2), ``hybrid:S`` (re-solve e
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -24,7 +27,7 @@ import numpy.typing as npt
 
 from edge_agent.errors import lookup
 from edge_agent.numerics.compressors import ValueDtype
-from edge_agent.protocol.wire import encoded_size
+from edge_agent.protocol.wire import update_sizer
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -62,22 +65,21 @@ def make_price(
 ) -> Price:
     """cost(T): the profile's objective cost of the exact encoded update of T entries
     (``mac``: signed, so 8 bytes more: :mod:`edge_agent.protocol.mac`)."""
+    sizer = update_sizer(
+        compressor,
+        d=d,
+        job=job,
+        agent=agent,
+        round=round,
+        seq=seq,
+        value_dtype=value_dtype,
+        mac=mac,
+    )
 
     def price(t: IntArray) -> FloatArray:
-        sizes = encoded_size(
-            compressor,
-            d=d,
-            t=t,
-            job=job,
-            agent=agent,
-            round=round,
-            seq=seq,
-            value_dtype=value_dtype,
-            mac=mac,
-        )
-        return np.asarray(
-            profile.objective_cost(np.asarray(sizes, dtype=np.int64)), dtype=np.float64
-        )
+        t_arr = np.asarray(t, dtype=np.int64)
+        sizes = sizer(t_arr.reshape(-1)).reshape(t_arr.shape)
+        return np.asarray(profile.objective_cost(sizes), dtype=np.float64)
 
     return price
 
@@ -167,7 +169,7 @@ def select(
         return select_exhaustive(arr, compressor, price, t_min=t_min, t_max=t_max)
     if compressor not in ("topk", "signtopk"):
         raise ValueError(f"CAT has no gain model for compressor {compressor!r}")
-    absg = np.abs(arr)
+    absg = np.abs(arr, out=_scratch(d))
     # einsum, not dot: BLAS threads can stall for milliseconds on a loaded small device
     total = float(np.einsum("i,i->", arr, arr)) if compressor == "topk" else float(absg.sum())
     sample, stride = _sample(absg)
@@ -211,6 +213,17 @@ def select(
 
 
 _BLOCK = 64  # T per block when pruning the exact evaluation
+_SCRATCH = threading.local()
+
+
+def _scratch(d: int) -> FloatArray:
+    """A float64 buffer of d entries, reused by this thread's next selection of the same d:
+    |g| is written there instead of into a fresh d-sized array (whose pages the kernel
+    would map and zero again on every call: ~0.2 ms at d = 10^6). It never leaves select."""
+    buf: FloatArray | None = getattr(_SCRATCH, "buf", None)
+    if buf is None or buf.size != d:
+        buf = _SCRATCH.buf = np.empty(d, dtype=np.float64)
+    return buf
 
 
 def _best_seen(compressor: str, mags: FloatArray, t_min: int, price: Price) -> tuple[int, float]:
@@ -252,14 +265,24 @@ def _sample(absg: FloatArray) -> tuple[FloatArray, int]:
     return np.sort(absg[::stride])[::-1], stride
 
 
+@functools.lru_cache(maxsize=64)
+def _guess_grid(size: int, stride: int, t_max: int) -> tuple[IntArray, IntArray]:
+    """The sample positions k and the T = k * stride (capped) :func:`_guess_count` prices:
+    a function of (d, t_max) alone, so built once (read-only arrays)."""
+    k = np.unique(np.geomspace(1, size, num=min(size, 128)).astype(np.int64))
+    ts = (k * stride).clip(max=t_max)
+    k.flags.writeable = False
+    ts.flags.writeable = False
+    return k, ts
+
+
 def _guess_count(sample: FloatArray, stride: int, compressor: str, price: Price, t_max: int) -> int:
     """A cheap guess of how many top entries the answer needs, from the sample.
 
     The sample's k-th largest stands for the (k*stride)-th of g; the estimated ratio is
     evaluated on a geometric grid of about a hundred T, so pricing stays cheap.
     """
-    k = np.unique(np.geomspace(1, sample.size, num=min(sample.size, 128)).astype(np.int64))
-    ts = (k * stride).clip(max=t_max)
+    k, ts = _guess_grid(sample.size, stride, t_max)
     if compressor == "topk":
         gain = np.cumsum(sample * sample)[k - 1] * stride
     else:
@@ -278,17 +301,43 @@ def _levels(
     absg: FloatArray, sample: FloatArray, stride: int, seen: int
 ) -> tuple[FloatArray, IntArray]:
     """Exact counts of |g| >= tau_k for a few lower thresholds tau_k (about 4, 16, 64 times
-    the seen count, read off the sample): each costs one comparison pass, far less than a
-    wider threshold pass with its sort and pricing."""
+    the seen count, read off the sample): one comparison pass over g picks the entries
+    above the lowest (when they are a small part of g), and the counts are taken on those,
+    far less than a wider threshold pass with its sort and pricing."""
     taus: list[float] = []
-    counts: list[int] = []
     want = 4 * seen
     while want // stride < sample.size - 1 and len(taus) < 3:
-        tau_k = float(sample[want // stride])
-        taus.append(tau_k)
-        counts.append(int(np.count_nonzero(absg >= tau_k)))
+        taus.append(float(sample[want // stride]))  # (descending)
         want *= 4
+    counts: list[int] = []
+    if taus and want // 4 <= absg.size // 16:
+        below = absg[absg >= taus[-1]]  # one pass over g; the other counts are on these
+        counts = [int(np.count_nonzero(below >= tau_k)) for tau_k in taus]
+    else:  # (the lowest level holds much of g: copying it would cost more than counting)
+        counts = [int(np.count_nonzero(absg >= tau_k)) for tau_k in taus]
     return np.array(taus, dtype=np.float64), np.array(counts, dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=8)
+def _geometric_starts(t_max: int) -> IntArray:
+    """1, 2, ... then ``int(s * _GRID)``: the interval starts of :func:`_beyond_grid` up to
+    past t_max (a function of t_max alone, built once; read-only)."""
+    starts = [1]
+    while starts[-1] <= t_max:
+        starts.append(max(starts[-1] + 1, int(starts[-1] * _GRID)))
+    out = np.array(starts, dtype=np.int64)
+    out.flags.writeable = False
+    return out
+
+
+def _beyond_grid(seen: int, t_max: int) -> tuple[IntArray, IntArray]:
+    """Intervals [a, b] covering (seen, t_max]: the geometric starts beyond ``seen + 1``,
+    each interval at most a factor ``_GRID`` wide (or one T)."""
+    starts = _geometric_starts(t_max)
+    rest = starts[np.searchsorted(starts, seen + 1, side="right") :]
+    a = np.concatenate([[seen + 1], rest[rest <= t_max]])
+    b = np.concatenate([a[1:] - 1, [t_max]])
+    return a, b
 
 
 def _beyond_bound(
@@ -309,12 +358,7 @@ def _beyond_bound(
     and the exact counts of entries >= tau_k) the unseen entries are bounded band by band:
     the next (count_1 - seen) entries by tau, the following ones by tau_1, and so on.
     """
-    starts = [seen + 1]
-    while starts[-1] <= t_max:
-        starts.append(max(starts[-1] + 1, int(starts[-1] * _GRID)))
-    a = np.array(starts[:-1], dtype=np.int64)
-    b = np.array(starts[1:], dtype=np.int64) - 1
-    b = np.minimum(b, t_max)
+    a, b = _beyond_grid(seen, t_max)
     tops = np.array([tau], dtype=np.float64)
     sizes = np.zeros(0, dtype=np.int64)
     if levels is not None and levels[0].size:

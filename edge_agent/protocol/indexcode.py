@@ -84,12 +84,56 @@ def best_code(d: int, n: int) -> tuple[int, int, int]:
     return int(b[0, k]), int(l[0, k]), int(bits[k])
 
 
+class _Codes(NamedTuple):
+    """Per d, for b = 1 and b = 3: ``neg_gain[l]`` = -(bits saved by l + 1 over l, beyond
+    the n it costs), for l = 0 .. top - 1 (ascending), and ``high[l]`` = (d - 1) // (b * 2^l)
+    for l = 0 .. top."""
+
+    neg_gain1: IntArray
+    high1: IntArray
+    neg_gain3: IntArray
+    high3: IntArray
+
+
+@functools.lru_cache(maxsize=256)
+def _codes(d: int) -> _Codes:
+    """The closed form of the cheapest l per b, a pure function of d (cached).
+
+    bits(l) = n*(l + 1) + (d - 1) // (b * 2^l) (+ the trits, which do not depend on l), so
+    bits(l + 1) - bits(l) = n - D_l with D_l = h_l - h_{l+1} = ceil(h_l / 2), h_l =
+    (d - 1) // (b * 2^l). D_l is nonincreasing in l, so the bit count is convex in l and the
+    cheapest l (the smallest on ties) is the number of l < top with D_l > n.
+    """
+    top = _max_l(d)
+    out: list[IntArray] = []
+    for b in (1, 3):
+        high = np.array([(d - 1) // (b << l) for l in range(top + 1)], dtype=np.int64)
+        neg_gain = high[1:] - high[:-1]  # -D_l, ascending
+        neg_gain.flags.writeable = False
+        high.flags.writeable = False
+        out += [neg_gain, high]
+    return _Codes(*out)
+
+
 def index_bits(d: int, n: npt.ArrayLike) -> IntArray:
-    """Bits of the index block body for n indices out of d, vectorised over n (0 for n == 0)."""
+    """Bits of the index block body for n indices out of d, vectorised over n (0 for n == 0).
+
+    The minimum over every code the decoder accepts, in closed form (:func:`_codes`): a few
+    numpy passes over n whatever d, so the selector prices thousands of T at once."""
     n_arr = np.atleast_1d(np.asarray(n, dtype=np.int64))
-    b, l = _band(d, n_arr)
-    bits = _bits_for(d, n_arr[:, None], b, l).min(axis=1)
-    return np.where(n_arr == 0, 0, bits)
+    codes = _codes(d)
+    neg_n = -n_arr
+    l1 = codes.neg_gain1.searchsorted(neg_n)
+    l3 = codes.neg_gain3.searchsorted(neg_n)
+    bits = n_arr * (l1 + 1)
+    bits += codes.high1[l1]
+    bits3 = n_arr * (l3 + 1)
+    bits3 += codes.high3[l3]
+    bits3 += 64 * (n_arr // TRITS_PER_WORD)
+    bits3 += _TRIT_BITS[n_arr % TRITS_PER_WORD]
+    np.minimum(bits, bits3, out=bits)
+    bits[n_arr == 0] = 0
+    return bits
 
 
 def index_bits_exhaustive(d: int, n: int) -> int:
@@ -104,7 +148,11 @@ def index_bits_exhaustive(d: int, n: int) -> int:
 def index_bytes(d: int, n: npt.ArrayLike) -> IntArray:
     """Bytes of the whole index block (1 code byte + body) for n indices; 0 when n == 0."""
     n_arr = np.atleast_1d(np.asarray(n, dtype=np.int64))
-    return np.where(n_arr == 0, 0, 1 + (index_bits(d, n_arr) + 7) // 8)
+    out = index_bits(d, n_arr)
+    out += 15  # 1 code byte + the body rounded up to bytes: (bits + 7) // 8 + 1
+    out >>= 3
+    out[n_arr == 0] = 0
+    return out
 
 
 def _bits_of_words(words: npt.NDArray[np.uint64], width: int) -> npt.NDArray[np.uint8]:

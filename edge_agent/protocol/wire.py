@@ -112,12 +112,15 @@ def uvarint(n: int) -> bytes:
             return bytes(out)
 
 
+#: uvarint(n) is k + 1 bytes long for the k of these that are <= n
+_UVARINT_STEPS = np.array([1 << (7 * k) for k in range(1, 9)], dtype=np.int64)
+
+
 def uvarint_len(n: npt.ArrayLike) -> IntArray:
     """Length in bytes of uvarint(n), vectorised (n >= 0)."""
     arr = np.asarray(n, dtype=np.int64)
-    out = np.ones(arr.shape, dtype=np.int64)
-    for k in range(1, 9):
-        out += arr >= (1 << (7 * k))
+    out: IntArray = _UVARINT_STEPS.searchsorted(arr, side="right")
+    out += 1
     return out
 
 
@@ -242,12 +245,58 @@ def read_header(r: Reader, kind: int) -> tuple[int, int, str]:
 # ---------------------------------------------------------------- updates
 
 
-def _value_bytes(compressor: str, d: int, t: IntArray, itemsize: int) -> IntArray:
-    if compressor == "dense":
-        return np.full_like(t, d * itemsize)
-    if compressor == "signtopk":
-        return np.where(t > 0, itemsize + (t + 7) // 8, 0)
-    return t * itemsize
+@dataclass(frozen=True)
+class UpdateSizer:
+    """``len(encode(...))`` of an update as a function of T alone, every other field fixed.
+
+    Built once (:func:`update_sizer`) per (compressor, d, header fields): what depends only
+    on them (the header bytes, the value width, the index code tables of d) is computed
+    here, so pricing an array of T is a few numpy passes."""
+
+    compressor: str
+    d: int
+    fixed_bytes: int
+    itemsize: int
+
+    def __call__(self, t: IntArray) -> IntArray:
+        """Sizes in bytes for the T in ``t`` (int64, 1-D)."""
+        d = self.d
+        if self.compressor == "dense":
+            return np.full(t.shape, self.fixed_bytes + int(uvarint_len(d)) + d * self.itemsize)
+        size = uvarint_len(t)
+        size += self.fixed_bytes
+        size += index_bytes(d, t)
+        if self.compressor == "signtopk":
+            size += np.where(t > 0, self.itemsize + (t + 7) // 8, 0)
+        else:
+            size += t * self.itemsize
+        return size
+
+
+def update_sizer(
+    compressor: str,
+    *,
+    d: int,
+    job: str,
+    agent: str,
+    round: int,
+    seq: int,
+    value_dtype: ValueDtype = "float32",
+    mac: bool = False,
+) -> UpdateSizer:
+    """The :class:`UpdateSizer` of updates with these header fields (see :func:`encoded_size`)."""
+    if compressor not in COMPRESSOR_IDS:
+        raise ValueError(f"unknown compressor {compressor!r}; valid: {sorted(COMPRESSOR_IDS)}")
+    fixed = (
+        FIXED_HEADER_BYTES
+        + len(_ident(job, "job"))
+        + len(_ident(agent, "agent"))
+        + len(uvarint(round))
+        + len(uvarint(seq))
+        + len(uvarint(d))
+        + (MAC_BYTES if mac else 0)
+    )
+    return UpdateSizer(compressor, d, fixed, VALUE_DTYPES[value_dtype].itemsize)
 
 
 def encoded_size(
@@ -266,30 +315,23 @@ def encoded_size(
 
     Returns an int for a scalar ``t`` and an int64 array otherwise. For randk, T is the
     actual number of sampled entries (the selector prices the expected one). ``mac``: the
-    update is signed (``encode(..., mac_key=...)``), 8 bytes more.
+    update is signed (``encode(..., mac_key=...)``), 8 bytes more. To price many arrays of T
+    with the same fields, build :func:`update_sizer` once.
     """
-    if compressor not in COMPRESSOR_IDS:
-        raise ValueError(f"unknown compressor {compressor!r}; valid: {sorted(COMPRESSOR_IDS)}")
-    scalar = np.ndim(t) == 0
-    t_arr = np.atleast_1d(np.asarray(t, dtype=np.int64))
-    if compressor == "dense":
-        t_arr = np.full_like(t_arr, d)
-    itemsize = VALUE_DTYPES[value_dtype].itemsize
-    fixed = (
-        FIXED_HEADER_BYTES
-        + len(_ident(job, "job"))
-        + len(_ident(agent, "agent"))
-        + len(uvarint(round))
-        + len(uvarint(seq))
-        + len(uvarint(d))
-        + (MAC_BYTES if mac else 0)
+    sizer = update_sizer(
+        compressor,
+        d=d,
+        job=job,
+        agent=agent,
+        round=round,
+        seq=seq,
+        value_dtype=value_dtype,
+        mac=mac,
     )
-    size = fixed + uvarint_len(t_arr) + _value_bytes(compressor, d, t_arr, itemsize)
-    if compressor != "dense":
-        size = size + index_bytes(d, t_arr)
-    if scalar:
+    size = sizer(np.atleast_1d(np.asarray(t, dtype=np.int64)))
+    if np.ndim(t) == 0:
         return int(size[0])
-    return np.asarray(size, dtype=np.int64)
+    return size
 
 
 def encode(
