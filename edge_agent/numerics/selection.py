@@ -17,8 +17,8 @@ Alistarh et al.: the smallest T with A1(T) >= ||g||_2), ``hybrid:S`` (re-solve e
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -213,16 +213,18 @@ def select(
 
 
 _BLOCK = 64  # T per block when pruning the exact evaluation
-_SCRATCH = threading.local()
+#: each thread (each context) has its own buffer: a new thread starts with none
+_SCRATCH: ContextVar[FloatArray | None] = ContextVar("cat_edge_select_scratch", default=None)
 
 
 def _scratch(d: int) -> FloatArray:
     """A float64 buffer of d entries, reused by this thread's next selection of the same d:
     |g| is written there instead of into a fresh d-sized array (whose pages the kernel
     would map and zero again on every call: ~0.2 ms at d = 10^6). It never leaves select."""
-    buf: FloatArray | None = getattr(_SCRATCH, "buf", None)
+    buf = _SCRATCH.get()
     if buf is None or buf.size != d:
-        buf = _SCRATCH.buf = np.empty(d, dtype=np.float64)
+        buf = np.empty(d, dtype=np.float64)
+        _SCRATCH.set(buf)
     return buf
 
 
