@@ -20,16 +20,14 @@ with the plain mean; the next round is robust again.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Literal
+from typing import Final, Literal
 
 import numpy as np
 
+from aggregator.engine.downlink.broadcast import DownlinkMode
 from edge_agent.numerics import robust
 from edge_agent.numerics.aggregation import FloatArray, MeanAccumulator, StepResult
 from edge_agent.numerics.compressors import Update
-
-if TYPE_CHECKING:
-    from aggregator.engine.types import EngineConfig
 
 AggregationKind = Literal["mean", "clipped_mean", "trimmed_mean"]
 AGGREGATIONS: Final[tuple[str, ...]] = ("mean", "clipped_mean", "trimmed_mean")
@@ -95,30 +93,29 @@ class RobustAccumulator(MeanAccumulator):
         self._partial = False
 
 
-def accumulator(config: EngineConfig) -> MeanAccumulator:
-    """The round accumulator ``config.aggregation`` asks for."""
-    if config.aggregation.kind == "mean":
-        return MeanAccumulator(config.d)
-    return RobustAccumulator(config.d, config.aggregation)
+def accumulator(d: int, rule: Aggregation) -> MeanAccumulator:
+    """The round accumulator ``rule`` asks for."""
+    if rule.kind == "mean":
+        return MeanAccumulator(d)
+    return RobustAccumulator(d, rule)
 
 
-def restored(config: EngineConfig, acc: MeanAccumulator) -> MeanAccumulator:
-    """``acc`` (restored from a checkpoint's sum) as the accumulator ``config`` asks for."""
-    if config.aggregation.kind == "mean":
+def restored(rule: Aggregation, acc: MeanAccumulator) -> MeanAccumulator:
+    """``acc`` (restored from a checkpoint's sum) as the accumulator ``rule`` asks for."""
+    if rule.kind == "mean":
         return acc
-    out = RobustAccumulator(config.d, config.aggregation)
-    out.acc = acc.export()
-    out._touched = None  # as MeanAccumulator.restore: which entries were touched is unknown
+    out = RobustAccumulator(acc.d, rule)
+    out.load(acc.export())  # which entries were touched is unknown, as after any restore
     out._partial = bool(np.any(out.acc))
     return out
 
 
-def downlink(config: EngineConfig) -> Literal["exact", "delta", "cat"]:
+def downlink(rule: Aggregation, mode: DownlinkMode) -> DownlinkMode:
     """The downlink mode the engine broadcasts with: ``delta`` for a robust job configured
-    with ``exact`` (replicas cannot replay a robust step), else as configured."""
-    if config.aggregation.kind != "mean" and config.downlink == "exact":
+    with ``exact`` (replicas cannot replay a robust step), else ``mode``."""
+    if rule.kind != "mean" and mode == "exact":
         return "delta"
-    return config.downlink
+    return mode
 
 
 def parse_aggregation(text: str) -> Aggregation:

@@ -42,7 +42,7 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 
 from aggregator.engine.accounting import DenseDownlink, Pricer, RoundRecord
-from aggregator.engine.outbound import Outbound, merge_deltas
+from aggregator.engine.downlink.outbound import Outbound, merge_deltas
 from aggregator.engine.rounds import Decoded, Effects, Evaluator, FloatArray, RoundEngine
 from aggregator.service.settings import Settings, SettingsError
 from aggregator.service.store import JournalEntry, Store, recover

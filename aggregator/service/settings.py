@@ -39,6 +39,7 @@ from pydantic_settings import (
 )
 
 from aggregator.engine.admission import MAX_PAYLOAD_BYTES, Limits, MacPolicy
+from aggregator.engine.downlink.broadcast import DownlinkMode
 from aggregator.engine.robust_round import parse_aggregation
 from aggregator.engine.rounds import EngineConfig
 from edge_agent.errors import CatEdgeError
@@ -99,7 +100,7 @@ class Settings(BaseSettings):
     ef21_step_factor: float = Field(
         0.5, gt=0, le=1, description="EF21 jobs: step = factor / L unless step_size is set."
     )
-    downlink: Literal["exact", "delta", "cat"] = Field(
+    downlink: DownlinkMode = Field(
         "exact",
         description="How agents follow the model: exact replicated steps, float64 deltas, "
         "or cat: a compressed broadcast with error feedback (docs/algorithm.md).",

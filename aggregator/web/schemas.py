@@ -100,7 +100,7 @@ class WaitingOut(_Out):
 
 
 def waiting_for(e: RoundEngine) -> list[WaitingOut]:
-    """Agents the open round waits for (live, taking part or new: aggregator.engine.participation)
+    """Agents the open round waits for (live, taking part or new: aggregator.engine.registry)
     without an update for it, longest waited for first (empty unless the job is running)."""
     if e.state != "running":
         return []

@@ -34,7 +34,7 @@ from typing import Any, Final, Literal
 import numpy as np
 import numpy.typing as npt
 
-from aggregator.engine.outbound import DeltaParts, Outbound, StepsParts
+from aggregator.engine.downlink.outbound import DeltaParts, Outbound, StepsParts
 from edge_agent.links.profiles import CostProfile
 from edge_agent.numerics.compressors import compress
 from edge_agent.numerics.selection import select
