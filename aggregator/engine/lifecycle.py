@@ -8,7 +8,9 @@ from __future__ import annotations
 import logging
 from typing import Any, Literal
 
+from aggregator.engine.downlink.outbound import Outbound, control_message
 from aggregator.engine.types import EngineStateName
+from edge_agent.protocol import messages
 
 log = logging.getLogger("aggregator.engine")
 
@@ -62,6 +64,14 @@ class Lifecycle:
         else:
             self.finish("stopped by operator", version)
         return True
+
+    def controls(self, version: int) -> list[Outbound]:
+        """The pause or stop agents must see now (none while waiting or running)."""
+        if self._state not in ("paused", "finished"):
+            return []
+        cmd: Literal["pause", "stop"] = "pause" if self._state == "paused" else "stop"
+        ctl = messages.Control(cmd=cmd, version=version, reason=self._finish_reason)
+        return [control_message(self.job, ctl)]
 
     def export(self) -> dict[str, Any]:
         return {

@@ -177,6 +177,12 @@ class AgentRegistry:
             info.last_seen = max(info.last_seen, now)
             info.live, info.state = True, "online"
 
+    def refresh(self, agent: str, now: float) -> bool:
+        """``agent`` is still transmitting (a re-send): it is live and online, its
+        ``last_seen`` refreshed as a repeated ``online`` status refreshes it; return
+        whether anything changed (see the module doc)."""
+        return self.status(agent, "online", now)
+
     def status(self, agent: str, state: str, now: float) -> bool:
         """Apply an agent's announced ``state`` at ``now``; return whether anything changed
         (then the message must be journalled, else nothing did; see the module doc).

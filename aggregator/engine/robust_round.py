@@ -57,12 +57,15 @@ class RobustAccumulator(MeanAccumulator):
 
     __slots__ = ("_partial", "_rows", "rule")
 
-    def __init__(self, d: int, rule: Aggregation) -> None:
+    def __init__(self, d: int, rule: Aggregation, *, restored: FloatArray | None = None) -> None:
         super().__init__(d)
         self.rule = rule
         self._rows: list[FloatArray] = []
         #: restored mid-round: the rows before the restart are unknown (plain mean once)
         self._partial = False
+        if restored is not None:  # which entries were touched is unknown, as after any restore
+            self.load(restored)
+            self._partial = bool(np.any(restored))
 
     def add(self, update: Update, weight: float = 1.0) -> None:
         super().add(update, weight)
@@ -104,10 +107,7 @@ def restored(rule: Aggregation, acc: MeanAccumulator) -> MeanAccumulator:
     """``acc`` (restored from a checkpoint's sum) as the accumulator ``rule`` asks for."""
     if rule.kind == "mean":
         return acc
-    out = RobustAccumulator(acc.d, rule)
-    out.load(acc.export())  # which entries were touched is unknown, as after any restore
-    out._partial = bool(np.any(out.acc))
-    return out
+    return RobustAccumulator(acc.d, rule, restored=acc.export())
 
 
 def downlink(rule: Aggregation, mode: DownlinkMode) -> DownlinkMode:

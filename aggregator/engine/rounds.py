@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from aggregator.engine import admission
 from aggregator.engine.accounting import Pricer, ProfileLookup, RoundRecord, Spend
@@ -38,6 +38,7 @@ from aggregator.engine.admission import REJECT_REASONS, Decoded, Reject, semanti
 from aggregator.engine.downlink.outbound import Outbound, addressed, control_message
 from aggregator.engine.downlink.pacing import (
     DownlinkTraffic,
+    Hold,
     Published,
     charges,
     decode_charges,
@@ -259,7 +260,7 @@ class RoundEngine:
         if self.state == "waiting":
             changed = self._maybe_start(now) or changed
         closed = self._maybe_close(now)
-        if changed or closed.committed is not None or closed.changed:
+        if changed or closed.committed is not None or closed.changed or closed.journal:
             return Effects(
                 outbound=closed.outbound,
                 committed=closed.committed,
@@ -316,11 +317,7 @@ class RoundEngine:
     def state_controls(self, *, settings: bool = True) -> list[Outbound]:
         """What agents must see now: the job's settings (start, hello) and pause/stop, if any."""
         out = [self.refusals.announce] if settings and self.refusals.announce else []
-        if self.state in ("paused", "finished"):
-            cmd: Literal["pause", "stop"] = "pause" if self.state == "paused" else "stop"
-            ctl = messages.Control(cmd=cmd, version=self.version, reason=self.finish_reason)
-            out.append(control_message(self.config.job, ctl))
-        return out
+        return out + self.lifecycle.controls(self.version)
 
     def _answer(
         self, agent: str, have: int | None, now: float, controls: bool = True
@@ -443,11 +440,14 @@ class RoundEngine:
     def _duplicate(self, agent: str, header: wire.UpdateHeader, now: float) -> Effects:
         """An update whose (round, seq) key was applied already."""
         detail = f"{agent} round {header.round} seq {header.seq}"
+        if header.round == self.version and self.traffic.hold(now) is not None:
+            # a re-send while the round waits for downlinks: it is alive, nothing refused
+            return _JOURNAL_ONLY if self.registry.refresh(agent, now) else _NOTHING
         if header.round < self.version:
-            # A re-send of an update already applied to an older version: the agent
-            # never saw the versions since (e.g. a restart recovered a version that was
-            # persisted but not yet published, and ZeroMQ dropped the start-up snapshot
-            # before the agent re-subscribed). Without the model it would re-send forever.
+            # A re-send of an update applied to an older version: the agent never saw the
+            # versions since (e.g. a restart recovered a version persisted but not yet
+            # published, and ZeroMQ dropped the start-up snapshot before the agent
+            # re-subscribed). Without the model it would re-send forever.
             eff = self._reject("duplicate", detail, agent)
             return Effects(outbound=self._answer(agent, header.round, now), reason=eff.reason)
         raise Reject("duplicate", detail)
@@ -487,13 +487,10 @@ class RoundEngine:
         its own and rejoin fresh (refusing its changes until then)."""
         out = () if info.needs_reset else (self._rejoin(agent),)
         if out:
-            log.warning(
-                "%s: EF21 update %d versions old (beyond the de-duplication window of %d); "
-                "its state was reset, waiting for a fresh hello",
-                agent,
-                staleness,
-                self.config.dedupe_window,
-            )
+            window = self.config.dedupe_window
+            log.warning("%s: EF21 update %d versions old (beyond the de-duplication window of "
+                        "%d); its state was reset, waiting for a fresh hello", agent, staleness,
+                        window)  # fmt: skip
         eff = self._reject("ef21_reset", f"{agent}: waiting for a fresh hello", agent)
         # journalled: the reset changed state a replay must reproduce
         return Effects(
@@ -511,13 +508,10 @@ class RoundEngine:
         return self._reset_message(agent)
 
     def _guarded(self, agent: str, update: Update, weight: float) -> tuple[float, float] | Effects:
-        """The update's (norm, max |value|) if it may enter the step
-        (:class:`~aggregator.engine.guard.UpdateGuard`); raises Reject if not.
-
-        A refused EF21 change is answered instead: the agent already added it to its own
-        h_i, so ours and its would stay apart. Its state is dropped and it is asked to
-        rejoin fresh, as for an ``ef21_reset`` (the refusal is counted under the guard's
-        reason)."""
+        """The update's (norm, max |value|) if it may enter the step (the guard); raises
+        Reject if not. A refused EF21 change is answered instead (the agent added it to its
+        h_i already, so ours and its would differ): its state is dropped and it is asked
+        to rejoin fresh, as for an ``ef21_reset`` (counted under the guard's reason)."""
         try:
             return self.model.check(update, agent, self.gamma(), weight, self.round_state)
         except Reject as rej:
@@ -529,14 +523,10 @@ class RoundEngine:
 
     def _drop_round(self, now: float) -> Effects:
         """The open round's step would make the model non-finite although every update
-        passed the guard (the step size grew after they were admitted, e.g. a hello
-        lowered L).
-
-        The round's updates are refused (each counted ``would_diverge``), the model stays
-        as it is and the job keeps running. The senders may send their updates again: a
-        mean-family sender's de-duplication keys are forgotten; every EF21 state is
-        dropped (sum_h held the change that overflowed) and its agent asked to rejoin
-        fresh."""
+        passed the guard (the step size grew since, e.g. a hello lowered L): its updates
+        are refused (``would_diverge``), the model is kept, the job runs on. Senders may
+        send again: mean-family keys are forgotten; every EF21 state is dropped (sum_h
+        held the overflow) and its agent asked to rejoin fresh."""
         detail = f"round {self.version} at gamma={self.gamma():.3g}"
         for _ in range(self.round_state.count):
             self._reject("would_diverge", detail, None)
@@ -560,22 +550,36 @@ class RoundEngine:
         return False
 
     def _maybe_close(self, now: float) -> Effects:
-        if self.state != "running" or not self.round_state or now < self.next_version_at:
+        """Close the open round if it may (``journal``: a downlink hold started or ran out)."""
+        if self.state != "running" or not self.round_state:
             return _NOTHING
+        reason = self._closable(now)
+        if reason is None:
+            return _NOTHING if self.config.mode == "async" else Effects()
+        may, changed = self.traffic.may_close(now, self.config.max_hold_s)
+        if not may:
+            return _JOURNAL_ONLY if changed else _NOTHING
+        return self._close(now, reason)
+
+    def _closable(self, now: float) -> str | None:
+        """Why the open round would close at ``now`` downlinks aside (None: it would not)."""
         cfg = self.config
         if cfg.mode == "async":
-            if self.round_state.count >= cfg.async_apply_every:
-                return self._close(now, "async")
-            return _NOTHING
+            return "async" if self.round_state.count >= cfg.async_apply_every else None
         counted = self.counted()
         if counted.awaited <= self.round_state.participants:
-            return self._close(now, "all_reported")
+            return "all_reported"
         opened = self.round_state.opened_at
         opened = now if opened is None else opened
         quorum = self.quorum(counted.quorum_base)
         if now >= opened + cfg.round_deadline_s and len(self.round_state) >= quorum:
-            return self._close(now, "deadline")
-        return Effects()
+            return "deadline"
+        return None
+
+    def hold(self, now: float) -> Hold | None:
+        """Whether a round that could close waits for downlinks at ``now``: the reason,
+        the agents whose downlink holds it and until when (None: not held)."""
+        return self.traffic.hold(now) if self.state == "running" else None
 
     def _close(self, now: float, reason: str) -> Effects:
         cfg = self.config
@@ -605,6 +609,7 @@ class RoundEngine:
         profiles = (a.hello.profile for a in self.registry)
         out = self.model.stepped(step, base, self.version, coef, profiles)
         self.round_state.reset(now)
+        self.traffic.closed(now)
         self._prune_seen()
         if cfg.max_rounds is not None and self.version >= cfg.max_rounds:
             self.lifecycle.finish(f"reached max_rounds={cfg.max_rounds}", self.version)

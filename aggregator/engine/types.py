@@ -73,6 +73,10 @@ class EngineConfig:
     #: part allows: its network's downlinks per day and its sender's duty cycle
     #: (aggregator.engine.downlink.broadcast.downlink_interval_s)
     downlink_pacing: bool = False
+    #: with ``downlink_pacing``: a round that could close waits at most this many seconds
+    #: for busy downlinks, then closes without the agents whose links hold it (they catch
+    #: up when their links are free: aggregator.engine.downlink.pacing). None: no bound
+    max_hold_s: float | None = None
     #: bounds on what agents claim (hello fields, update magnitude): aggregator.engine.admission
     limits: Limits = field(default_factory=Limits)
     #: which updates must carry a valid MAC (per-agent keys; docs/wire-format.md 3.3)
@@ -112,6 +116,7 @@ class EngineConfig:
             (0 < self.ef21_step_factor <= 1, "ef21_step_factor must be in (0, 1]"),
             (self.downlink in DOWNLINK_MODES, "downlink must be exact, delta or cat"),
             (self.downlink_window >= 1, "downlink_window must be >= 1"),
+            (self.max_hold_s is None or self.max_hold_s >= 0, "max_hold_s must be >= 0"),
             (self.step_rule in ("mean", "median"), "step_rule must be mean or median"),
             (self.participation_window >= 1, "participation_window must be >= 1"),
             (self.max_agents >= 1, "max_agents must be >= 1"),

@@ -293,6 +293,10 @@ class AggregatorService:
                 raise RuntimeError("the aggregator service is not started")
             return fn(self._engine)
 
+    def now(self) -> float:
+        """The service's clock (the time the engine is driven with)."""
+        return self._clock()
+
     def model_npy(self) -> tuple[int, bytes]:
         """(version, the model x as .npy bytes)."""
         version, x = self.read(lambda e: (e.version, e.x.copy()))

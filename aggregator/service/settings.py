@@ -110,6 +110,13 @@ class Settings(BaseSettings):
         description="Space versions so no agent receives more downlinks than its profile "
         "allows (daily cap, sender duty cycle); off only for loopback demos and tests.",
     )
+    max_hold_s: float = Field(
+        900.0,
+        gt=0,
+        description="With downlink pacing: a round that could close waits at most this many "
+        "seconds for busy downlinks (a LoRaWAN daily cap can hold it for hours), then closes "
+        "without the agents whose links hold it; they catch up when their links are free.",
+    )
     snapshot_every: int = Field(
         50,
         ge=0,
@@ -309,6 +316,7 @@ class Settings(BaseSettings):
             aggregation=parse_aggregation(self.aggregation),
             downlink=self.downlink,
             downlink_pacing=self.downlink_pacing,
+            max_hold_s=self.max_hold_s,
             step_rule=self.step_rule,
             participation_window=self.participation_window,
             max_agents=self.max_agents,

@@ -41,11 +41,13 @@ The engine (:class:`aggregator.engine.rounds.RoundEngine`) drives one
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from aggregator.engine.accounting import Pricer
-from aggregator.engine.downlink.broadcast import downlink_interval_s
+from aggregator.engine.downlink.broadcast import DownlinkLimit, downlink_limit
 from aggregator.engine.downlink.outbound import PUBLISHED_KINDS, Outbound, addressed
 from aggregator.engine.registry import AgentRegistry
 from edge_agent.links.cost import ZERO, Cost
@@ -81,6 +83,24 @@ def as_outbound(o: Published) -> Outbound:
         parsed = None
     target = parsed.agent if parsed is not None and parsed.kind == topics.TO_AGENT else None
     return Outbound(o.topic, o.payload, o.retain, target=target)
+
+
+log = logging.getLogger("aggregator.engine")
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A round that could close but waits for downlinks (:meth:`DownlinkTraffic.hold`).
+
+    ``reason``: ``daily_cap`` when a member's network allows no more downlinks today,
+    else ``downlink_busy`` (airtime and its sender's duty cycle); ``held_by``: the agents
+    whose downlink is not free yet; ``held_until``: when the last of them is (engine
+    time); ``since``: when the hold started."""
+
+    reason: DownlinkLimit
+    held_by: tuple[str, ...]
+    held_until: float
+    since: float
 
 
 #: one published message as a charge sees it: its addressee (None: job-wide) and its size
@@ -135,6 +155,11 @@ class DownlinkTraffic:
         self._totals_down = ZERO  # what the agents received, summed over agents
         self._next_version_at = 0.0
         self._free_at: dict[str, float] = {}  # per agent: its downlink is free again
+        self._limit: dict[str, DownlinkLimit] = {}  # per agent: what set its free-at time
+        self._held_since: float | None = None  # a closable round waits for downlinks
+        #: agents a hold stopped waiting for (max_hold_s): not charged for job-wide
+        #: messages, nor waited for, while their downlink is busy; they catch up later
+        self._released: set[str] = set()
 
     @property
     def totals_down(self) -> Cost:
@@ -149,6 +174,61 @@ class DownlinkTraffic:
     def free_at(self, agent: str) -> float:
         """When ``agent``'s downlink is free again (0.0: never charged)."""
         return self._free_at.get(agent, 0.0)
+
+    def _skipped(self, agent: str, now: float) -> bool:
+        """Whether a hold released ``agent`` and its downlink is still busy at ``now``."""
+        return agent in self._released and self._free_at.get(agent, 0.0) > now
+
+    def wait_until(self, now: float) -> float:
+        """No version closes before this time: :attr:`next_version_at`, but not waiting
+        for the agents a hold released while their downlinks are busy."""
+        if not self._released:
+            return self._next_version_at
+        waited = (t for a, t in self._free_at.items() if not self._skipped(a, now))
+        return max(waited, default=0.0)
+
+    def _busy(self, now: float) -> list[str]:
+        """The agents a version waits for at ``now`` (their downlink is not free yet)."""
+        return sorted(a for a, t in self._free_at.items() if t > now and not self._skipped(a, now))
+
+    def hold(self, now: float) -> Hold | None:
+        """The hold at ``now`` (None: the job is not held)."""
+        if self._held_since is None:
+            return None
+        busy = self._busy(now)
+        if not busy:
+            return None
+        daily = any(self._limit.get(a) == "daily_cap" for a in busy)
+        until = max(self._free_at[a] for a in busy)
+        return Hold("daily_cap" if daily else "downlink_busy", tuple(busy), until, self._held_since)
+
+    def may_close(self, now: float, max_hold_s: float | None) -> tuple[bool, bool]:
+        """Whether a round that could close at ``now`` may, and whether this call changed
+        the state (a hold started, or ``max_hold_s`` ran out: the journal must keep the
+        input). A hold ends with the version that closes it (:meth:`closed`)."""
+        if now >= self.wait_until(now):
+            return True, False
+        if self._held_since is None:
+            self._held_since = now
+            hold = self.hold(now)
+            if hold is not None:
+                log.info("job %s held: %s of %s until %.1f", self.job, hold.reason,
+                         ", ".join(hold.held_by), hold.held_until)  # fmt: skip
+            if max_hold_s is None or max_hold_s > 0:
+                return False, True
+        if max_hold_s is not None and now >= self._held_since + max_hold_s:
+            busy = self._busy(now)
+            self._released.update(busy)
+            log.info("job %s: held %.0f s (AGG_MAX_HOLD_S), closing without %s", self.job,
+                     now - self._held_since, ", ".join(busy) or "the busy links")  # fmt: skip
+            return True, True
+        return False, False
+
+    def closed(self, now: float) -> None:
+        """A version closed at ``now``: a hold on it ends."""
+        if self._held_since is not None:
+            log.info("job %s hold ended after %.1f s", self.job, now - self._held_since)
+            self._held_since = None
 
     def answer(
         self,
@@ -204,6 +284,8 @@ class DownlinkTraffic:
                 receivers = [] if one is None else [one]
             else:
                 receivers = agents.live()
+                if self._released and now is not None:  # they catch up when free again
+                    receivers = [a for a in receivers if not self._skipped(a.agent, now)]
             for info in receivers:
                 cost = self._pricer.down_cost(info.hello.profile, size)
                 agents.add_down(info.agent, cost)
@@ -217,8 +299,13 @@ class DownlinkTraffic:
         the message's interval; the next version waits for every live link."""
         profile = self._pricer.profile(profile_name)
         if profile is not None:
-            free = max(now, self._free_at.get(agent, 0.0)) + downlink_interval_s(profile, size)
+            interval, limit = downlink_limit(profile, size)
+            before = self._free_at.get(agent, 0.0)
+            if before <= now:  # its link was free: a release by a hold is over
+                self._released.discard(agent)
+            free = max(now, before) + interval
             self._free_at[agent] = free
+            self._limit[agent] = limit
             self._next_version_at = max(self._next_version_at, free)
 
     def export(self) -> dict[str, Any]:
@@ -227,6 +314,9 @@ class DownlinkTraffic:
             "totals_down": self._totals_down.to_dict(),
             "next_version_at": self._next_version_at,
             "down_free_at": dict(self._free_at),
+            "down_limit": dict(self._limit),
+            "held_since": self._held_since,
+            "down_released": sorted(self._released),
         }
 
     def restore(self, meta: dict[str, Any]) -> None:
@@ -234,3 +324,7 @@ class DownlinkTraffic:
         self._totals_down = Cost.from_dict(meta.get("totals_down"))
         self._next_version_at = float(meta.get("next_version_at", 0.0))
         self._free_at = {str(a): float(t) for a, t in meta.get("down_free_at", {}).items()}
+        self._limit = dict(meta.get("down_limit", {}))
+        held = meta.get("held_since")
+        self._held_since = None if held is None else float(held)
+        self._released = {str(a) for a in meta.get("down_released", [])}
