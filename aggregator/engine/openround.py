@@ -93,9 +93,10 @@ class OpenRound:
 
     # ------------------------------------------------------------------ changes
 
-    def open(self, now: float) -> None:
-        """The round opens at ``now`` unless it is open already."""
-        if self._opened_at is None:
+    def open(self, now: float, *, again: bool = False) -> None:
+        """The round opens at ``now`` unless it is open already (``again``: its deadline
+        counts from ``now`` anyway, when the job starts; what it collected is kept)."""
+        if self._opened_at is None or again:
             self._opened_at = now
 
     def restart_deadline(self, now: float) -> None:

@@ -545,7 +545,7 @@ class RoundEngine:
 
     def _maybe_start(self, now: float) -> bool:
         if len(self.registry) >= self.config.min_agents and self.lifecycle.start():
-            self.round_state.reset(now)
+            self.round_state.open(now, again=True)
             return True
         return False
 

@@ -738,3 +738,19 @@ def test_downlink_pacing_spaces_versions_by_every_live_agents_caps() -> None:
     eng.tick(eng.next_version_at)
     assert eng.version == 2
     assert downlink_interval_s(resolve_profile("ble5_2m_dle_notify"), 1000) < 0.1
+
+
+def test_updates_that_arrive_before_the_job_starts_enter_its_first_round() -> None:
+    """Agents that joined first may report before the last of ``min_agents`` says hello:
+    the start keeps what the open round collected (their re-sends are duplicates, so a
+    round that dropped them would never close)."""
+    eng = make_engine(min_agents=3)
+    join(eng, "a", "b")
+    for agent, g in (("a", G_A), ("b", G_B)):
+        assert eng.handle(*upd(agent, topk_update(g, 4)), 1.0).reason is None
+    assert eng.state == "waiting"
+    join(eng, "c", now=2.0)
+    assert eng.state == "running" and eng.open_round["participants"] == ["a", "b"]
+    eng.handle(*upd("c", topk_update(G_A + G_B, 4)), 3.0)
+    assert eng.version == 1 and eng.last_record is not None
+    assert eng.last_record.participants == ("a", "b", "c")
