@@ -748,7 +748,7 @@ def test_updates_that_arrive_before_the_job_starts_enter_its_first_round() -> No
     join(eng, "a", "b")
     for agent, g in (("a", G_A), ("b", G_B)):
         assert eng.handle(*upd(agent, topk_update(g, 4)), 1.0).reason is None
-    assert eng.state == "waiting"
+    assert eng.lifecycle.state == "waiting"
     join(eng, "c", now=2.0)
     assert eng.state == "running" and eng.open_round["participants"] == ["a", "b"]
     eng.handle(*upd("c", topk_update(G_A + G_B, 4)), 3.0)
