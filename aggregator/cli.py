@@ -32,10 +32,17 @@ import signal
 import sys
 from collections.abc import Sequence
 from types import FrameType
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal, Protocol, get_args, get_origin
 
 from edge_agent.cli.commands import DefaultsFormatter, package_version
 from edge_agent.errors import CatEdgeError
+
+
+class Subcommands(Protocol):
+    """What ``ArgumentParser.add_subparsers()`` returns, as far as this module uses it."""
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser: ...
+
 
 _NOT_FLAGS = frozenset({"api_token", "config_file"})
 _SIMULATOR = "aggregator.sim.cli"
@@ -64,7 +71,7 @@ def _shown_default(field: Any) -> str:
     return f"; default {str(value).lower() if isinstance(value, bool) else value}"
 
 
-def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _serve_parser(sub: Subcommands) -> None:
     missing = missing_service_module()
     if missing is not None:  # a device install: no settings to list, only the hint
         p = sub.add_parser(

@@ -38,12 +38,13 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import numpy as np
 import numpy.typing as npt
 from _common import emit, environment, parser
 
+from aggregator.engine.downlink.broadcast import DOWNLINK_MODES, DownlinkMode
 from aggregator.sim.experiment import open_fleet
 from aggregator.sim.harness import FleetHarness
 from aggregator.sim.methods import Method, parse_method
@@ -286,7 +287,9 @@ def summarise(s: Samples) -> dict[str, Any]:
     }
 
 
-def run_case(problem: Problem, agents: int, method: Method, mode: str, args: Any) -> dict[str, Any]:
+def run_case(
+    problem: Problem, agents: int, method: Method, mode: DownlinkMode, args: Any
+) -> dict[str, Any]:
     fleet = build_fleet(problem, agents, PROFILES)
     with open_fleet(problem, fleet, method, downlink=mode, downlink_pacing=False) as harness:
         harness.start()
@@ -336,7 +339,9 @@ def main() -> None:
         problem = make_problem(rows, args.features, args.seed)
         for method in methods:
             for mode in (m.strip() for m in args.modes.split(",") if m.strip()):
-                emit(BENCH, run_case(problem, agents, method, mode, args))
+                if mode not in DOWNLINK_MODES:
+                    raise SystemExit(f"--modes: {mode!r} is not one of {', '.join(DOWNLINK_MODES)}")
+                emit(BENCH, run_case(problem, agents, method, cast(DownlinkMode, mode), args))
 
 
 if __name__ == "__main__":

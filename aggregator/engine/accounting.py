@@ -286,6 +286,12 @@ class Pricer:
             self._down_cache[key] = hit
         return hit
 
+    def up_cost(self, profile_name: str, size: int) -> Cost:
+        """What sending one message of ``size`` bytes costs an agent with this profile (its
+        uplink; bytes only when the profile is unknown here)."""
+        profile = self.profile(profile_name)
+        return Cost(1, size) if profile is None else self._cost(profile, size)
+
     def down_prices(
         self, profile_names: Iterable[str]
     ) -> list[Callable[[npt.NDArray[np.int64]], npt.NDArray[np.float64]]]:

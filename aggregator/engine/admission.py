@@ -12,12 +12,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Final
 
 from edge_agent.errors import WireFormatError
 from edge_agent.numerics.compressors import COMPRESSOR_IDS, Update
 from edge_agent.protocol import jobinfo, messages, topics, wire
 from edge_agent.protocol import mac as update_mac
+from edge_agent.protocol.downlink import Family
 
 #: Every reason a message can be rejected for (the Prometheus label values).
 REJECT_REASONS: Final[tuple[str, ...]] = (
@@ -44,9 +45,6 @@ REJECT_REASONS: Final[tuple[str, ...]] = (
     "finished",
     "internal_error",
 )
-
-#: the two families of update semantics a job can run (configured, or the first hello fixes it)
-Family = Literal["mean", "ef21"]
 
 #: Largest payload the engine looks at (a dense float64 update of d = 2**24 fits).
 MAX_PAYLOAD_BYTES: Final = 256 * 2**20

@@ -74,6 +74,11 @@ class SeenKeys:
         if len(self._log) // 3 > 2 * max(self._logged_rows, _COMPACT_ROWS):  # rows doubled
             self.rows()
 
+    @property
+    def logged(self) -> int:
+        """Rows in the log (kept ones, and pruned ones not yet compacted away)."""
+        return len(self._log) // 3
+
     def rows(self) -> npt.NDArray[np.int64]:
         """Every key as a (k, 3) int64 array of (agent index, round, seq) (a copy); this is
         what a checkpoint stores. Compacts the log."""

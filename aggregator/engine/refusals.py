@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
-from aggregator.engine.outbound import Outbound, addressed, control_message
+from aggregator.engine.downlink.outbound import Outbound, addressed, control_message
 from aggregator.engine.types import EngineConfig
 from edge_agent.numerics.compressors import COMPRESSOR_IDS
 from edge_agent.protocol import jobinfo, messages, topics

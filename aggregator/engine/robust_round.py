@@ -20,16 +20,14 @@ with the plain mean; the next round is robust again.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Literal
+from typing import Final, Literal
 
 import numpy as np
 
+from aggregator.engine.downlink.broadcast import DownlinkMode
 from edge_agent.numerics import robust
 from edge_agent.numerics.aggregation import FloatArray, MeanAccumulator, StepResult
 from edge_agent.numerics.compressors import Update
-
-if TYPE_CHECKING:
-    from aggregator.engine.types import EngineConfig
 
 AggregationKind = Literal["mean", "clipped_mean", "trimmed_mean"]
 AGGREGATIONS: Final[tuple[str, ...]] = ("mean", "clipped_mean", "trimmed_mean")
@@ -59,12 +57,15 @@ class RobustAccumulator(MeanAccumulator):
 
     __slots__ = ("_partial", "_rows", "rule")
 
-    def __init__(self, d: int, rule: Aggregation) -> None:
+    def __init__(self, d: int, rule: Aggregation, *, restored: FloatArray | None = None) -> None:
         super().__init__(d)
         self.rule = rule
         self._rows: list[FloatArray] = []
         #: restored mid-round: the rows before the restart are unknown (plain mean once)
         self._partial = False
+        if restored is not None:  # which entries were touched is unknown, as after any restore
+            self.load(restored)
+            self._partial = bool(np.any(restored))
 
     def add(self, update: Update, weight: float = 1.0) -> None:
         super().add(update, weight)
@@ -95,30 +96,26 @@ class RobustAccumulator(MeanAccumulator):
         self._partial = False
 
 
-def accumulator(config: EngineConfig) -> MeanAccumulator:
-    """The round accumulator ``config.aggregation`` asks for."""
-    if config.aggregation.kind == "mean":
-        return MeanAccumulator(config.d)
-    return RobustAccumulator(config.d, config.aggregation)
+def accumulator(d: int, rule: Aggregation) -> MeanAccumulator:
+    """The round accumulator ``rule`` asks for."""
+    if rule.kind == "mean":
+        return MeanAccumulator(d)
+    return RobustAccumulator(d, rule)
 
 
-def restored(config: EngineConfig, acc: MeanAccumulator) -> MeanAccumulator:
-    """``acc`` (restored from a checkpoint's sum) as the accumulator ``config`` asks for."""
-    if config.aggregation.kind == "mean":
+def restored(rule: Aggregation, acc: MeanAccumulator) -> MeanAccumulator:
+    """``acc`` (restored from a checkpoint's sum) as the accumulator ``rule`` asks for."""
+    if rule.kind == "mean":
         return acc
-    out = RobustAccumulator(config.d, config.aggregation)
-    out.acc = acc.export()
-    out._touched = None  # as MeanAccumulator.restore: which entries were touched is unknown
-    out._partial = bool(np.any(out.acc))
-    return out
+    return RobustAccumulator(acc.d, rule, restored=acc.export())
 
 
-def downlink(config: EngineConfig) -> Literal["exact", "delta", "cat"]:
+def downlink(rule: Aggregation, mode: DownlinkMode) -> DownlinkMode:
     """The downlink mode the engine broadcasts with: ``delta`` for a robust job configured
-    with ``exact`` (replicas cannot replay a robust step), else as configured."""
-    if config.aggregation.kind != "mean" and config.downlink == "exact":
+    with ``exact`` (replicas cannot replay a robust step), else ``mode``."""
+    if rule.kind != "mean" and mode == "exact":
         return "delta"
-    return config.downlink
+    return mode
 
 
 def parse_aggregation(text: str) -> Aggregation:

@@ -15,7 +15,8 @@ import numpy.typing as npt
 
 from aggregator.engine.accounting import RoundRecord, Spend
 from aggregator.engine.admission import Limits, MacPolicy
-from aggregator.engine.outbound import Outbound
+from aggregator.engine.downlink.broadcast import DOWNLINK_MODES, DownlinkMode
+from aggregator.engine.downlink.outbound import Outbound
 from aggregator.engine.robust_round import Aggregation
 from edge_agent.links.cost import ZERO, Cost
 from edge_agent.protocol import messages, topics
@@ -64,14 +65,18 @@ class EngineConfig:
     #: docs/algorithm.md.
     ef21_step_factor: float = 0.5
     #: how agents follow the model: ``exact`` replicated steps, ``delta`` (float64 new
-    #: values), ``cat`` a compressed broadcast with error feedback (aggregator.engine.broadcast)
-    downlink: Literal["exact", "delta", "cat"] = "exact"
+    #: values), ``cat`` a compressed broadcast with error feedback (aggregator.engine.downlink.broadcast)
+    downlink: DownlinkMode = "exact"
     #: versions of steps kept to catch up an agent that missed some
     downlink_window: int = 64
     #: space the versions so that no live agent receives more than its profile's downlink
     #: part allows: its network's downlinks per day and its sender's duty cycle
-    #: (aggregator.engine.broadcast.downlink_interval_s)
+    #: (aggregator.engine.downlink.broadcast.downlink_interval_s)
     downlink_pacing: bool = False
+    #: with ``downlink_pacing``: a round that could close waits at most this many seconds
+    #: for busy downlinks, then closes without the agents whose links hold it (they catch
+    #: up when their links are free: aggregator.engine.downlink.pacing). None: no bound
+    max_hold_s: float | None = None
     #: bounds on what agents claim (hello fields, update magnitude): aggregator.engine.admission
     limits: Limits = field(default_factory=Limits)
     #: which updates must carry a valid MAC (per-agent keys; docs/wire-format.md 3.3)
@@ -83,7 +88,7 @@ class EngineConfig:
     #: fleets (aggregator.engine.robust_round; not EF21)
     aggregation: Aggregation = field(default_factory=Aggregation)
     #: K: a sync round counts agents with an accepted update in the last K versions, and
-    #: waits for agents that joined in the last K versions (aggregator.engine.participation)
+    #: waits for agents that joined in the last K versions (aggregator.engine.registry)
     participation_window: int = 10
     #: registered agents at most; a hello from one more is refused ``too_many_agents``
     max_agents: int = 1000
@@ -109,8 +114,9 @@ class EngineConfig:
             (self.liveness_timeout_s > 0, "liveness_timeout_s must be > 0"),
             (self.snapshot_every >= 0, "snapshot_every must be >= 0"),
             (0 < self.ef21_step_factor <= 1, "ef21_step_factor must be in (0, 1]"),
-            (self.downlink in ("exact", "delta", "cat"), "downlink must be exact, delta or cat"),
+            (self.downlink in DOWNLINK_MODES, "downlink must be exact, delta or cat"),
             (self.downlink_window >= 1, "downlink_window must be >= 1"),
+            (self.max_hold_s is None or self.max_hold_s >= 0, "max_hold_s must be >= 0"),
             (self.step_rule in ("mean", "median"), "step_rule must be mean or median"),
             (self.participation_window >= 1, "participation_window must be >= 1"),
             (self.max_agents >= 1, "max_agents must be >= 1"),

@@ -19,6 +19,11 @@ Threads:
      per version the batch committed, goes out as one merged delta: agents only ever
      hold published versions).
 
+  What is published is charged to the agents' downlinks (and, with pacing, decides when
+  the next version may close) under the lock in step 1, and that charge is journalled in
+  step 2 with the batch's inputs (:meth:`RoundEngine.charge_downlink`): the replay
+  re-applies it, so the state rebuilt after a crash is the live one, pacing included.
+
   So a version is durable before any agent can see it, and after a crash the journal
   replays exactly what was applied (:func:`aggregator.service.store.recover`).
 
@@ -42,7 +47,7 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 
 from aggregator.engine.accounting import DenseDownlink, Pricer, RoundRecord
-from aggregator.engine.outbound import Outbound, merge_deltas
+from aggregator.engine.downlink.outbound import Outbound, merge_deltas
 from aggregator.engine.rounds import Decoded, Effects, Evaluator, FloatArray, RoundEngine
 from aggregator.service.datalock import DataDirLock
 from aggregator.service.logs import ProgressLog
@@ -232,13 +237,15 @@ class AggregatorService:
         # The retained snapshot tells (re)connecting agents where we are; the resync
         # command asks agents that already answered this version to re-send that update
         # (an open round is not journalled as a whole; duplicates are dropped here).
-        self._publish(
-            [
-                self._engine.snapshot_message(),
-                self._engine.resync_message(),
-                *self._engine.state_controls(),
-            ]
-        )
+        hello = [
+            self._engine.snapshot_message(),
+            self._engine.resync_message(),
+            *self._engine.state_controls(),
+        ]
+        with self._lock:
+            charge = self._charge(self._engine, hello)
+        self._store.commit(charge)  # persisted before it is published, like every input
+        self._publish(hello)
         self._threads.append(threading.Thread(target=self._ingest, name="ingest", daemon=True))
         for th in self._threads:
             th.start()
@@ -300,6 +307,10 @@ class AggregatorService:
                 raise RuntimeError("the aggregator service is not started")
             return fn(self._engine)
 
+    def now(self) -> float:
+        """The service's clock (the time the engine is driven with)."""
+        return self._clock()
+
     def model_npy(self) -> tuple[int, bytes]:
         """(version, the model x as .npy bytes)."""
         version, x = self.read(lambda e: (e.version, e.x.copy()))
@@ -355,6 +366,8 @@ class AggregatorService:
         with self._lock:
             applied = self._apply(eng, batch, decoded)
             self._charge_dense_down(eng, applied.records)
+            applied.outbound = merge_deltas(applied.outbound)
+            applied.entries.extend(self._charge(eng, applied.outbound))
             self._uncheckpointed += len(applied.records)
             checkpoint = (
                 applied.changed
@@ -401,9 +414,17 @@ class AggregatorService:
         applied.add(eff)
         return applied
 
+    def _charge(self, eng: RoundEngine, outbound: list[Outbound]) -> list[JournalEntry]:
+        """Charge what is about to be published to the agents' downlinks (under the lock):
+        the journal entry that replays it (none when nothing is published)."""
+        if not outbound:
+            return []
+        now = self._clock()
+        return [JournalEntry("charge", now, "", eng.charge_downlink(outbound, now))]
+
     def _deliver(self, applied: _Applied) -> None:
         """Step 4 (once durable): publish, answer the commands, tell the round observer."""
-        self._publish(merge_deltas(applied.outbound))
+        self._publish(applied.outbound)
         for fut, result in applied.done:
             fut.set_result(result)
         if self._observer is not None:
@@ -422,12 +443,7 @@ class AggregatorService:
             self.dense_down.charge(eng.config.job, eng.config.d, rec.version, live)
 
     def _publish(self, outbound: list[Outbound]) -> None:
-        if outbound and self._engine is not None:
-            # what the agents receive, priced on their downlink profiles (a message addressed
-            # to one agent costs that agent only), and what is published, counted by kind
-            # once per message however many transports carry it
-            with self._lock:
-                self._engine.charge_downlink(outbound, self._clock())
+        """Publish on every transport (charged already: :meth:`_charge`)."""
         for out in outbound:
             for t in self._transports:
                 try:

@@ -40,6 +40,7 @@ from pydantic_settings import (
 )
 
 from aggregator.engine.admission import MAX_PAYLOAD_BYTES, Limits, MacPolicy
+from aggregator.engine.downlink.broadcast import DownlinkMode
 from aggregator.engine.robust_round import parse_aggregation
 from aggregator.engine.rounds import EngineConfig
 from edge_agent.errors import CatEdgeError, ProfileError
@@ -108,7 +109,7 @@ class Settings(BaseSettings):
     ef21_step_factor: float = Field(
         0.5, gt=0, le=1, description="EF21 jobs: step = factor / L unless step_size is set."
     )
-    downlink: Literal["exact", "delta", "cat"] = Field(
+    downlink: DownlinkMode = Field(
         "exact",
         description="How agents follow the model: exact replicated steps, float64 deltas, "
         "or cat: a compressed broadcast with error feedback (docs/algorithm.md).",
@@ -117,6 +118,13 @@ class Settings(BaseSettings):
         True,
         description="Space versions so no agent receives more downlinks than its profile "
         "allows (daily cap, sender duty cycle); off only for loopback demos and tests.",
+    )
+    max_hold_s: float = Field(
+        900.0,
+        gt=0,
+        description="With downlink pacing: a round that could close waits at most this many "
+        "seconds for busy downlinks (a LoRaWAN daily cap can hold it for hours), then closes "
+        "without the agents whose links hold it; they catch up when their links are free.",
     )
     snapshot_every: int = Field(
         50,
@@ -317,6 +325,7 @@ class Settings(BaseSettings):
             aggregation=parse_aggregation(self.aggregation),
             downlink=self.downlink,
             downlink_pacing=self.downlink_pacing,
+            max_hold_s=self.max_hold_s,
             step_rule=self.step_rule,
             participation_window=self.participation_window,
             max_agents=self.max_agents,

@@ -20,7 +20,10 @@ Recovery rule (the checkpoint plus the journal are authoritative):
    ``checkpoint.prev.npz`` (a corrupt file is reported, never loaded);
 2. replay the journal rows after its ``journal_hwm`` (the engine is deterministic, so this
    rebuilds exactly the state that was live, including rounds that closed after the
-   checkpoint was written — never applying one twice, never losing one);
+   checkpoint was written — never applying one twice, never losing one). Besides inbound
+   messages, ticks and controls, the journal holds each downlink charge of what the
+   service published (it moves the agents' downlink accounts and the pacing that decides
+   when the next version closes);
 3. history rows beyond the recovered version are deleted; rows for rounds recovered by the
    replay are (re)written.
 
@@ -59,7 +62,14 @@ from typing import Any, Final, Literal, NamedTuple
 import numpy as np
 
 from aggregator.engine.accounting import AgentRound, ProfileLookup, RoundRecord, Spend
-from aggregator.engine.rounds import AgentInfo, EngineConfig, EngineSnapshot, Evaluator, RoundEngine
+from aggregator.engine.rounds import (
+    AgentInfo,
+    Effects,
+    EngineConfig,
+    EngineSnapshot,
+    Evaluator,
+    RoundEngine,
+)
 from edge_agent.errors import CatEdgeError
 
 log = logging.getLogger("aggregator.service.store")
@@ -80,7 +90,7 @@ _ROW_OVERHEAD: Final = 32
 #: the size SQLite truncates the write-ahead log file to after a WAL checkpoint
 WAL_SIZE_LIMIT: Final = 8 * 2**20
 
-JournalKind = Literal["msg", "tick", "control"]
+JournalKind = Literal["msg", "tick", "control", "charge"]
 
 
 class CheckpointError(CatEdgeError):
@@ -89,8 +99,10 @@ class CheckpointError(CatEdgeError):
 
 
 class JournalEntry(NamedTuple):
-    """One state-changing input: an inbound message (``topic``/``payload``), a tick, or an
-    operator control (``topic`` holds the command). ``now``: the time it was applied at."""
+    """One state-changing input: an inbound message (``topic``/``payload``), a tick, an
+    operator control (``topic`` holds the command), or the downlink charge of what the
+    service published (``payload``: :meth:`~aggregator.engine.rounds.RoundEngine.charge_downlink`'s
+    journal form). ``now``: the time it was applied at."""
 
     kind: JournalKind
     now: float
@@ -577,6 +589,12 @@ def apply_entry(engine: RoundEngine, entry: JournalEntry) -> Any:
         return engine.handle(entry.topic, entry.payload, entry.now)
     if entry.kind == "tick":
         return engine.tick(entry.now)
+    if entry.kind == "charge":
+        try:
+            engine.replay_charge(entry.payload, entry.now)
+        except (ValueError, TypeError) as exc:
+            raise CheckpointError(f"journal: malformed downlink charge ({exc})") from None
+        return Effects()
     if entry.topic not in ("pause", "resume", "stop"):
         raise CheckpointError(f"journal: unknown control command {entry.topic!r}")
     return engine.control(entry.topic, entry.now)  # type: ignore[arg-type]

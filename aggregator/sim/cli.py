@@ -9,8 +9,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, cast
 
+from aggregator.engine.downlink.broadcast import DOWNLINK_MODES, DownlinkMode
 from aggregator.engine.robust_round import parse_aggregation
 from aggregator.sim.blas import single_threaded_blas
 from aggregator.sim.experiment import DEFAULT_TARGETS, METRICS, RunResult, run_method
@@ -222,12 +223,12 @@ def make_plan(args: argparse.Namespace) -> Plan:
     )
 
 
-def _downlinks(text: str) -> list[str]:
+def _downlinks(text: str) -> list[DownlinkMode]:
     modes = [m.strip() for m in text.split(",") if m.strip()]
-    bad = [m for m in modes if m not in ("exact", "delta", "cat")]
+    bad = [m for m in modes if m not in DOWNLINK_MODES]
     if not modes or bad:
         raise ValueError(f"--downlink: expected a comma list of exact, delta, cat; got {text!r}")
-    return modes
+    return [cast(DownlinkMode, m) for m in modes]
 
 
 def _targets(text: str) -> tuple[float, ...]:

@@ -42,6 +42,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+from aggregator.engine.downlink.broadcast import DownlinkMode
 from aggregator.engine.robust_round import parse_aggregation
 from aggregator.engine.rounds import EngineConfig, RoundEngine
 from aggregator.sim.harness import FleetHarness
@@ -99,7 +100,7 @@ class RunResult:
     engine_version: int
     models_equal: bool
     step_size: float
-    downlink: str = "exact"
+    downlink: DownlinkMode = "exact"
 
 
 # --------------------------------------------------------------------------- set-up
@@ -112,7 +113,7 @@ def open_fleet(
     *,
     step_size: float | None = None,
     ef21_step_factor: float = 0.5,
-    downlink: str = "exact",
+    downlink: DownlinkMode = "exact",
     downlink_pacing: bool = True,
     aggregation: str = "mean",
     hostile: float | None = None,
@@ -129,7 +130,7 @@ def open_fleet(
             model=model.kind,
             step_size=step_size,
             ef21_step_factor=ef21_step_factor,
-            downlink=downlink,  # type: ignore[arg-type]
+            downlink=downlink,
             downlink_pacing=downlink_pacing,
             aggregation=parse_aggregation(aggregation),
             min_agents=fleet.agents,
@@ -389,7 +390,7 @@ def run_method(
     ef21_step_factor: float = 0.5,
     eval_every: int = 0,
     progress: ProgressFn | None = None,
-    downlink: str = "exact",
+    downlink: DownlinkMode = "exact",
     downlink_pacing: bool = True,
     aggregation: str = "mean",
     hostile: float | None = None,

@@ -27,8 +27,8 @@ import uuid
 from collections.abc import Iterator
 from types import TracebackType
 
+from aggregator.engine.downlink.pacing import Published
 from aggregator.engine.rounds import Effects, RoundEngine
-from aggregator.engine.traffic import Published
 from edge_agent.agent.loop import Agent, AgentConfig, RoundLog
 from edge_agent.data import Dataset
 from edge_agent.links.profiles import CostProfile

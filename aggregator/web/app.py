@@ -88,6 +88,7 @@ def get_status(service: ServiceDep) -> StatusOut:
             transports=transports,
             recovered_from=service.recovered_from,
             dense_down=None if dense is None else dense.total,
+            now=service.now(),
         )
 
     return service.read(build)

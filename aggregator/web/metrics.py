@@ -11,7 +11,7 @@ their profiles' downlink part) ``cat_downlink_messages_total``, ``cat_downlink_b
 ``cat_downlink_energy_joules_total``, ``cat_model_version``, ``cat_agents``,
 ``cat_live_agents``, ``cat_loss``, ``cat_accuracy``, ``cat_up``, what the aggregator
 published by kind ``cat_published_messages_total{kind}``, ``cat_published_bytes_total{kind}``
-and ``cat_snapshot_answers_withheld_total`` (per-agent rate limit, aggregator.engine.traffic),
+and ``cat_snapshot_answers_withheld_total`` (per-agent rate limit, aggregator.engine.downlink.pacing),
 ``cat_round_latency_seconds`` (histogram), ``cat_update_entries`` (histogram of T), and the
 per-agent ``cat_agent_*{agent}`` series of :mod:`aggregator.web.agent_metrics` (bounded labels).
 """
@@ -26,7 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from aggregator.engine.accounting import RoundRecord
-from aggregator.engine.outbound import PUBLISHED_KINDS
+from aggregator.engine.downlink.outbound import PUBLISHED_KINDS
 from aggregator.engine.rounds import REJECT_REASONS
 from aggregator.web.agent_metrics import DEFAULT_MAX_AGENTS, AgentCollector, AgentSource
 

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from aggregator.engine.accounting import RoundRecord, Spend
+from aggregator.engine.downlink.pacing import Hold
 from aggregator.engine.rounds import AgentInfo, RoundEngine
 from edge_agent.links.cost import Cost
 
@@ -100,7 +101,7 @@ class WaitingOut(_Out):
 
 
 def waiting_for(e: RoundEngine) -> list[WaitingOut]:
-    """Agents the open round waits for (live, taking part or new: aggregator.engine.participation)
+    """Agents the open round waits for (live, taking part or new: aggregator.engine.registry)
     without an update for it, longest waited for first (empty unless the job is running)."""
     if e.state != "running":
         return []
@@ -124,6 +125,25 @@ class RefusedOut(_Out):
     last: float = Field(description="Unix time (s) of the last refusal.")
 
 
+class HoldOut(_Out):
+    """A round that could close but waits for agents' downlinks (downlink pacing)."""
+
+    reason: Literal["downlink_busy", "daily_cap"] = Field(
+        description="daily_cap: a member's network allows no more downlinks today; "
+        "downlink_busy: airtime and its sender's duty cycle."
+    )
+    held_by: list[str] = Field(description="Agents whose downlink is not free yet.")
+    held_until: float = Field(description="Unix time (s) the last of them is free again.")
+    since: float = Field(description="Unix time (s) the hold started (AGG_MAX_HOLD_S bounds it).")
+
+    @classmethod
+    def of(cls, hold: Hold | None) -> HoldOut | None:
+        if hold is None:
+            return None
+        return cls(reason=hold.reason, held_by=list(hold.held_by), held_until=hold.held_until,
+                   since=hold.since)  # fmt: skip
+
+
 class StatusOut(_Out):
     """The job at a glance."""
 
@@ -140,6 +160,9 @@ class StatusOut(_Out):
     live_agents: int
     quorum: int = Field(description="Reports that close a sync round after its deadline.")
     open_round_participants: list[str]
+    hold: HoldOut | None = Field(
+        None, description="Why a round that could close waits for downlinks (null: not held)."
+    )
     waiting_for: list[WaitingOut] = Field(
         description="Live agents the open round still waits for, and since when."
     )
@@ -176,8 +199,10 @@ class StatusOut(_Out):
         transports: list[tuple[str, bool]],
         recovered_from: str,
         dense_down: Cost | None = None,
+        now: float | None = None,
     ) -> StatusOut:
         up, down = e.totals.actual, e.totals_down
+        hold = None if now is None else e.hold(now)
         return cls(
             job=e.config.job,
             state=e.state,
@@ -192,6 +217,7 @@ class StatusOut(_Out):
             live_agents=e.live_agents,
             quorum=e.quorum(),
             open_round_participants=list(e.open_round["participants"]),
+            hold=HoldOut.of(hold),
             waiting_for=waiting_for(e),
             refused_agents=[RefusedOut(**r) for r in e.refusals.refused_agents.listing()],
             updates_accepted=e.accepted,

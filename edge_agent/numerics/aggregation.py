@@ -93,6 +93,11 @@ class MeanAccumulator:
         #: the union of _touched, once a step computed it (reused by reset)
         self._union: IntArray | None = None
 
+    @property
+    def pending(self) -> int:
+        """Sparse updates waiting to be added to ``acc``."""
+        return len(self._pending)
+
     def add(self, update: Update, weight: float = 1.0) -> None:
         """``acc += weight * u`` (exactly ``update.add_to(acc, weight)``, maybe deferred)."""
         self._union = None  # a step's union no longer covers what acc holds
@@ -168,9 +173,18 @@ class MeanAccumulator:
         if not np.isfinite(acc).all():
             raise ValueError("accumulator contains nan or inf")
         out = cls(acc.size)
-        out.acc = acc.astype(np.float64, copy=True)
-        out._touched = None
+        out.load(acc)
         return out
+
+    def load(self, acc: FloatArray) -> None:
+        """Hold a copy of ``acc`` (length d) as the round's sum, with nothing pending;
+        which entries it touched is unknown, so the next step works on all of them."""
+        if acc.shape != (self.d,):
+            raise ValueError(f"accumulator must have shape ({self.d},), got {acc.shape}")
+        self.acc = acc.astype(np.float64, copy=True)
+        self._pending = []
+        self._touched = None
+        self._union = None
 
 
 class EF21Mirror:

@@ -55,7 +55,7 @@ class MemoryBroker:
             self._routes.clear()
             for topic, payload in self._retained.items():
                 if topics.matches(pattern, topic):
-                    client._deliver(Message(topic, payload))
+                    client.arrive(Message(topic, payload))
 
     def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> int:
         """Deliver to every matching subscriber; return how many received it."""
@@ -76,7 +76,7 @@ class MemoryBroker:
                 self._routes[topic] = targets
             # Delivering under the lock gives every subscriber the same global order.
             for client in targets:
-                client._deliver(message)
+                client.arrive(message)
             return len(targets)
 
     def retained(self) -> Mapping[str, bytes]:
@@ -128,6 +128,11 @@ class MemoryTransport(Transport):
 
     # Identity-based hashing: the broker keys subscriptions by transport object.
     __hash__ = object.__hash__
+
+    def arrive(self, message: Message) -> None:
+        """The in-process broker hands ``message`` to this client (counted as received, then
+        to the sink or the inbox, as the other transports' receive threads do)."""
+        self._deliver(message)
 
     @property
     def connected(self) -> bool:

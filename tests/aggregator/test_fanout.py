@@ -1,4 +1,4 @@
-"""Bounded fan-out (aggregator.engine.traffic): an answer meant for one agent goes on that agent's
+"""Bounded fan-out (aggregator.engine.downlink.pacing): an answer meant for one agent goes on that agent's
 ``cat/<job>/to/<agent>`` only, costs that agent only, snapshot answers are rate-limited per
 agent, everything published is counted by kind, and every message a known agent sends is
 priced into its ``sent`` account."""
@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from aggregator.engine.outbound import PUBLISHED_KINDS, Outbound
+from aggregator.engine.downlink.outbound import PUBLISHED_KINDS, Outbound
+from aggregator.engine.downlink.pacing import SNAPSHOT_ANSWER_INTERVAL_S
 from aggregator.engine.rounds import EngineConfig, RoundEngine
-from aggregator.engine.traffic import SNAPSHOT_ANSWER_INTERVAL_S
 from aggregator.web.metrics import AggregatorMetrics
 from edge_agent.links.cost import ZERO
 from edge_agent.links.profiles import resolve_profile

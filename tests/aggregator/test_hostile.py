@@ -191,7 +191,7 @@ def test_a_job_finished_as_diverged_by_an_older_version_can_be_resumed() -> None
     eng = engine()
     join(eng, "a", "b")
     honest_round(eng, ("a", "b"), 1.0)
-    eng._finish("diverged: the step produced nan or inf (step size too large?)")
+    eng.lifecycle.finish("diverged: the step produced nan or inf (step size too large?)", 1)
     snap = eng.export()
     again = RoundEngine.restore(eng.config, snap)
     assert again.handle(*upd("a", topk([0], [0.1]), round=1), 2.0).reason == "finished"

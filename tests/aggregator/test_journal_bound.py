@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from aggregator.engine.presence import REFRESH_FRACTION
+from aggregator.engine.registry import REFRESH_FRACTION
 from aggregator.engine.rounds import Effects, RoundEngine
 from aggregator.service.ingest import AggregatorService, _Command
 from aggregator.service.settings import Settings, load_settings

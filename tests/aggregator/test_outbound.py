@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aggregator.engine.outbound import DeltaParts, Outbound, control_message, merge_deltas
+from aggregator.engine.downlink.outbound import DeltaParts, Outbound, control_message, merge_deltas
 from edge_agent.protocol import messages, topics, wire
 
 JOB, D = "job1", 10

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from aggregator.engine.participation import participation
+from aggregator.engine.registry import participation
 from aggregator.engine.rounds import EngineConfig, RoundEngine
 from aggregator.service.settings import load_settings
 from aggregator.service.store import CHECKPOINT

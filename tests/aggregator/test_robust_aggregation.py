@@ -99,7 +99,7 @@ def test_a_robust_round_steps_with_the_robust_aggregate(kind: str) -> None:
 
 
 def test_mean_is_unchanged_and_robust_exact_jobs_broadcast_deltas_replicas_follow() -> None:
-    assert type(engine("mean")._mean).__name__ == "MeanAccumulator"
+    assert type(engine("mean").round_state.accumulator).__name__ == "MeanAccumulator"
     eng = engine("trimmed_mean:0.2")
     replica = np.zeros(D)
     out: list[Any] = []
@@ -127,7 +127,7 @@ def test_a_restart_mid_round_steps_that_round_with_the_mean_then_robust_again() 
         send(eng, a, row)
     snap = eng.export()
     back = RoundEngine.restore(eng.config, snap)
-    assert isinstance(back._mean, RobustAccumulator)
+    assert isinstance(back.round_state.accumulator, RobustAccumulator)
     for a, row in zip(AGENTS[3:], r[3:], strict=True):
         send(back, a, row)
     assert back.version == 1

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aggregator.engine.outbound import Outbound
+from aggregator.engine.downlink.outbound import Outbound
 from aggregator.engine.rounds import EngineConfig, RoundEngine
 from edge_agent.agent.replica import Replica
 from edge_agent.numerics.compressors import Update, compress
@@ -597,11 +597,12 @@ def test_batched_accumulation_equals_one_add_per_update_bit_for_bit() -> None:
         u = topk_update(rng.standard_normal(D) * 3, int(rng.integers(3, 12)))
         blob = wire.encode(u, job=JOB, agent=agent, round=rnd, seq=k,
                            value_dtype=dtypes[k % 3])  # type: ignore[arg-type]  # fmt: skip
-        ref._mean._touched = None  # one dense add per update
+        acc = ref.round_state.accumulator
+        acc.load(acc.export())  # touched entries unknown: one dense add per update
         for eng in (batched, ref):
             assert eng.handle(topics.update(JOB, agent), blob, float(k)).reason is None
         assert batched.x.tobytes() == ref.x.tobytes()
-        most_pending = max(most_pending, len(batched._mean._pending))
+        most_pending = max(most_pending, batched.round_state.accumulator.pending)
         if k % 7 == 6:  # a checkpoint mid-round sees the same accumulator (and flushes it)
             assert batched.export().acc.tobytes() == ref.export().acc.tobytes()
     assert batched.version == ref.version == 10
@@ -615,7 +616,8 @@ def test_sparse_step_equals_the_dense_step_bit_for_bit() -> None:
         join(eng, "a", "b")
     rng = np.random.default_rng(9)
     for r in range(5):
-        dense._mean._touched = None  # forces x - c * acc over all of d
+        acc = dense.round_state.accumulator
+        acc.load(acc.export())  # touched entries unknown: x - c * acc over all of d
         for agent in ("a", "b"):
             u = topk_update(rng.standard_normal(D), 7)
             for eng in (sparse, dense):
@@ -664,7 +666,7 @@ def test_dedupe_log_stays_bounded_without_checkpoints() -> None:
     for seq in range(20_000):
         eff = eng.handle(*upd("a", topk_update(G_A, 2), round=eng.version, seq=seq), 1.0)
         assert eff.reason is None
-    assert len(eng._seen._log) <= 3 * 3 * 4096  # compacted as it grows, not 20,000 rows
+    assert eng.model.seen_keys.logged <= 3 * 4096  # compacted as it grows, not 20,000 rows
     assert len(eng.export().seen) <= 3  # window of 2 versions + the current one
 
 
@@ -714,7 +716,7 @@ def test_downlink_pacing_spaces_versions_by_every_live_agents_caps() -> None:
     """A LoRaWAN agent may receive 10 downlinks a day: with pacing on, the next version
     cannot close before its link has recovered from the last broadcast (a day / 10 per
     downlink packet), even when everyone has reported; a link without caps adds nothing."""
-    from aggregator.engine.broadcast import downlink_interval_s
+    from aggregator.engine.downlink.broadcast import downlink_interval_s
     from edge_agent.links.profiles import resolve_profile
 
     eng = RoundEngine(
@@ -736,3 +738,19 @@ def test_downlink_pacing_spaces_versions_by_every_live_agents_caps() -> None:
     eng.tick(eng.next_version_at)
     assert eng.version == 2
     assert downlink_interval_s(resolve_profile("ble5_2m_dle_notify"), 1000) < 0.1
+
+
+def test_updates_that_arrive_before_the_job_starts_enter_its_first_round() -> None:
+    """Agents that joined first may report before the last of ``min_agents`` says hello:
+    the start keeps what the open round collected (their re-sends are duplicates, so a
+    round that dropped them would never close)."""
+    eng = make_engine(min_agents=3)
+    join(eng, "a", "b")
+    for agent, g in (("a", G_A), ("b", G_B)):
+        assert eng.handle(*upd(agent, topk_update(g, 4)), 1.0).reason is None
+    assert eng.lifecycle.state == "waiting"
+    join(eng, "c", now=2.0)
+    assert eng.state == "running" and eng.open_round["participants"] == ["a", "b"]
+    eng.handle(*upd("c", topk_update(G_A + G_B, 4)), 3.0)
+    assert eng.version == 1 and eng.last_record is not None
+    assert eng.last_record.participants == ("a", "b", "c")

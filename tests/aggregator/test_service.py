@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from aggregator.engine.outbound import merge_deltas
+from aggregator.engine.downlink.outbound import merge_deltas
 from aggregator.engine.rounds import RoundEngine
 from aggregator.service.ingest import AggregatorService
 from aggregator.service.settings import Settings, load_settings

@@ -31,7 +31,7 @@ from e2e_helpers import (
     wait_until,
 )
 
-from aggregator.engine.outbound import PUBLISHED_KINDS
+from aggregator.engine.downlink.outbound import PUBLISHED_KINDS
 from aggregator.service.ingest import AggregatorService
 from aggregator.web.metrics import AggregatorMetrics
 from edge_agent.agent.loop import AgentConfig

@@ -576,7 +576,27 @@
     }
     renderDirections(s);
     renderWaiting(s);
+    renderHold(s);
     renderRefused(s);
+  }
+
+  /** "Held by c's downlink (daily_cap) until 14:02:10, for 5 min": a round that could
+   *  close waits for agents' downlinks (/status hold; null when not held). */
+  function renderHold(s) {
+    const el = $("hold");
+    const h = s.hold;
+    if (!h || !Array.isArray(h.held_by)) {
+      el.hidden = true;
+      return;
+    }
+    const now = Date.now() / 1000;
+    const who = h.held_by.slice(0, WAITING_SHOWN).join(", ");
+    const more = h.held_by.length > WAITING_SHOWN ? ` and ${h.held_by.length - WAITING_SHOWN} more` : "";
+    const until = isNum(h.held_until) ? new Date(h.held_until * 1000).toLocaleTimeString() : "?";
+    const since = isNum(h.since) ? `, for ${relTime(now - h.since).replace(" ago", "")}` : "";
+    el.textContent = `Held by the downlink of ${who}${more} (${h.reason}) until ${until}${since}`;
+    el.title = h.held_by.join(", ");
+    el.hidden = false;
   }
 
   const WAITING_SHOWN = 8;

@@ -34,7 +34,7 @@ from typing import Any, Final, Literal
 import numpy as np
 import numpy.typing as npt
 
-from aggregator.engine.outbound import DeltaParts, Outbound, StepsParts
+from aggregator.engine.downlink.outbound import DeltaParts, Outbound, StepsParts
 from edge_agent.links.profiles import CostProfile
 from edge_agent.numerics.compressors import compress
 from edge_agent.numerics.selection import select
@@ -236,14 +236,26 @@ def downlink_interval_s(profile: CostProfile, size_bytes: int) -> float:
     (``sender_duty_cycle``), and at least the share of a day its network's cap allows
     (``max_messages_per_day``, counted in link packets: each packet is a downlink).
     0.0 for a link without a downlink part (no caps)."""
+    return downlink_limit(profile, size_bytes)[0]
+
+
+#: what keeps a downlink busy: airtime and the sender's duty cycle, or the network's daily cap
+DownlinkLimit = Literal["downlink_busy", "daily_cap"]
+
+
+def downlink_limit(profile: CostProfile, size_bytes: int) -> tuple[float, DownlinkLimit]:
+    """:func:`downlink_interval_s` and which limit set it (``daily_cap`` when the
+    network's downlinks per day allow less than airtime and duty cycle would)."""
     down = profile.downlink
     if down is None:
-        return 0.0
+        return 0.0, "downlink_busy"
     cost = profile.downlink_cost(size_bytes)
     interval = cost.airtime_s + cost.silence_s
     if down.max_messages_per_day is not None:
-        interval = max(interval, 86_400.0 * max(1, cost.packets) / down.max_messages_per_day)
-    return interval
+        capped = 86_400.0 * max(1, cost.packets) / down.max_messages_per_day
+        if capped > interval:
+            return capped, "daily_cap"
+    return interval, "downlink_busy"
 
 
 def _delta_size(d: int, changed: IntArray) -> int:

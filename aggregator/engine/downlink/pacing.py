@@ -1,0 +1,330 @@
+"""Who receives what the aggregator publishes, what each agent's downlink carried, and
+when the next version may go out.
+
+The engine (:class:`aggregator.engine.rounds.RoundEngine`) drives one
+:class:`DownlinkTraffic` per job, the only owner of this state:
+
+* **Answers to one agent** (:meth:`DownlinkTraffic.answer`): what an agent misses after a request,
+  a rejoining hello, a stale or an already-applied update goes on its own topic
+  ``cat/<job>/to/<agent>`` (:func:`aggregator.engine.downlink.outbound.addressed`), never on the job-wide
+  ``model``/``delta`` topics, so the rest of the fleet neither receives nor pays for it.
+  The merged catch-up steps (a few update sizes) go every time; a full model snapshot
+  (8*d bytes) goes at most once per agent per :data:`SNAPSHOT_ANSWER_INTERVAL_S` seconds
+  of engine time. A request inside the interval is answered with nothing (counted in
+  :attr:`DownlinkTraffic.withheld`): the agent asks again (it re-says hello with back-off while it
+  has no model, and requests again on its next version gap). The rate limit is kept in
+  memory only, like :mod:`aggregator.engine.refusals`.
+* **Downlink charging and pacing** (:meth:`DownlinkTraffic.charge`): a job-wide message
+  costs every live agent, one addressed to an agent costs that agent only, priced on its
+  profile's downlink (into the agent's record, through
+  :meth:`aggregator.engine.registry.AgentRegistry.add_down`, and :attr:`totals_down`).
+  With pacing on, each receiver's link stays busy for the message's
+  :func:`~aggregator.engine.downlink.broadcast.downlink_interval_s`; no version closes
+  before :attr:`next_version_at`, when every link is free again. Accounts, totals and
+  pacing (every agent's free-at time included) are checkpointed
+  (:meth:`DownlinkTraffic.export`); what changes them is an engine input the service
+  journals (:meth:`aggregator.engine.rounds.RoundEngine.charge_downlink`).
+
+  Why an input and not part of the engine's own step: the service publishes one merged
+  delta for the versions a batch committed (:func:`~.outbound.merge_deltas`) and the
+  start-up snapshot and controls, and the agents' links carry exactly that; charging each
+  version's effects inside the step would price messages never sent. So the service
+  journals each charge (who, how many bytes, ``now``) with the batch that produced it,
+  before it publishes, and the replay re-applies it: the state rebuilt after a crash is
+  the live state. A crash after that commit but before the publish leaves the links
+  charged for messages that did not go out (pacing errs on the side of waiting).
+* **Published, by kind** (:attr:`DownlinkTraffic.published`): messages and bytes of everything
+  published, counted once per message (not per transport), by
+  :data:`aggregator.engine.downlink.outbound.PUBLISHED_KINDS`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+from aggregator.engine.accounting import Pricer
+from aggregator.engine.downlink.broadcast import DownlinkLimit, downlink_limit
+from aggregator.engine.downlink.outbound import PUBLISHED_KINDS, Outbound, addressed
+from aggregator.engine.registry import AgentRegistry
+from edge_agent.links.cost import ZERO, Cost
+from edge_agent.protocol import topics
+
+#: at most one full-model snapshot answer per agent per this many seconds of engine time
+SNAPSHOT_ANSWER_INTERVAL_S: Final = 2.0
+#: agents remembered for the rate limit (bounded: agent ids come from topics)
+MAX_TRACKED: Final = 4096
+
+
+class Published(Protocol):
+    """What a publisher hands over (an :class:`Outbound`, or the simulator's stand-in)."""
+
+    @property
+    def topic(self) -> str: ...
+
+    @property
+    def payload(self) -> bytes: ...
+
+    @property
+    def retain(self) -> bool: ...
+
+
+def as_outbound(o: Published) -> Outbound:
+    """``o`` itself when it is an :class:`Outbound`, else one with its topic, payload and the
+    addressee its topic names (``cat/<job>/to/<agent>``)."""
+    if isinstance(o, Outbound):
+        return o
+    try:
+        parsed = topics.parse(o.topic)
+    except ValueError:
+        parsed = None
+    target = parsed.agent if parsed is not None and parsed.kind == topics.TO_AGENT else None
+    return Outbound(o.topic, o.payload, o.retain, target=target)
+
+
+log = logging.getLogger("aggregator.engine")
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A round that could close but waits for downlinks (:meth:`DownlinkTraffic.hold`).
+
+    ``reason``: ``daily_cap`` when a member's network allows no more downlinks today,
+    else ``downlink_busy`` (airtime and its sender's duty cycle); ``held_by``: the agents
+    whose downlink is not free yet; ``held_until``: when the last of them is (engine
+    time); ``since``: when the hold started."""
+
+    reason: DownlinkLimit
+    held_by: tuple[str, ...]
+    held_until: float
+    since: float
+
+
+#: one published message as a charge sees it: its addressee (None: job-wide) and its size
+Charge = tuple[str | None, int]
+
+
+def charges(outbound: Sequence[Published]) -> list[Charge]:
+    """What each published message costs whom: (addressee or None, payload bytes)."""
+    return [(o.target, len(o.payload)) for o in map(as_outbound, outbound)]
+
+
+def encode_charges(items: Sequence[Charge]) -> bytes:
+    """The journal form of a charge (compact JSON)."""
+    return json.dumps(list(items), separators=(",", ":")).encode()
+
+
+def decode_charges(blob: bytes) -> list[Charge]:
+    """The inverse of :func:`encode_charges` (raises ValueError on anything else)."""
+    rows = json.loads(blob)
+    if not isinstance(rows, list):
+        raise ValueError("a downlink charge is a JSON list")
+    out: list[Charge] = []
+    for row in rows:
+        target, size = row
+        if not (target is None or isinstance(target, str)) or not isinstance(size, int):
+            raise ValueError(f"downlink charge row {row!r}: expected [agent or null, bytes]")
+        out.append((target, size))
+    return out
+
+
+class DownlinkTraffic:
+    """Addressing, the answers' rate limit, downlink accounts, pacing and counters of one
+    job. Pure: callers pass ``now``."""
+
+    def __init__(
+        self,
+        job: str,
+        pricer: Pricer,
+        *,
+        pacing: bool = False,
+        interval_s: float = SNAPSHOT_ANSWER_INTERVAL_S,
+    ) -> None:
+        self.job = job
+        self.interval_s = interval_s
+        self.pacing = pacing
+        self._pricer = pricer
+        self._snapshot_at: dict[str, float] = {}
+        #: snapshot answers the rate limit withheld
+        self.withheld = 0
+        #: kind -> [messages, bytes] published (since this process started)
+        self.published: dict[str, list[int]] = {k: [0, 0] for k in PUBLISHED_KINDS}
+        self._totals_down = ZERO  # what the agents received, summed over agents
+        self._next_version_at = 0.0
+        self._free_at: dict[str, float] = {}  # per agent: its downlink is free again
+        self._limit: dict[str, DownlinkLimit] = {}  # per agent: what set its free-at time
+        self._held_since: float | None = None  # a closable round waits for downlinks
+        #: agents a hold stopped waiting for (max_hold_s): not charged for job-wide
+        #: messages, nor waited for, while their downlink is busy; they catch up later
+        self._released: set[str] = set()
+
+    @property
+    def totals_down(self) -> Cost:
+        """What the agents received, summed over agents."""
+        return self._totals_down
+
+    @property
+    def next_version_at(self) -> float:
+        """Downlink pacing: no version closes before this time (every link is free again)."""
+        return self._next_version_at
+
+    def free_at(self, agent: str) -> float:
+        """When ``agent``'s downlink is free again (0.0: never charged)."""
+        return self._free_at.get(agent, 0.0)
+
+    def _skipped(self, agent: str, now: float) -> bool:
+        """Whether a hold released ``agent`` and its downlink is still busy at ``now``."""
+        return agent in self._released and self._free_at.get(agent, 0.0) > now
+
+    def wait_until(self, now: float) -> float:
+        """No version closes before this time: :attr:`next_version_at`, but not waiting
+        for the agents a hold released while their downlinks are busy."""
+        if not self._released:
+            return self._next_version_at
+        waited = (t for a, t in self._free_at.items() if not self._skipped(a, now))
+        return max(waited, default=0.0)
+
+    def _busy(self, now: float) -> list[str]:
+        """The agents a version waits for at ``now`` (their downlink is not free yet)."""
+        return sorted(a for a, t in self._free_at.items() if t > now and not self._skipped(a, now))
+
+    def hold(self, now: float) -> Hold | None:
+        """The hold at ``now`` (None: the job is not held)."""
+        if self._held_since is None:
+            return None
+        busy = self._busy(now)
+        if not busy:
+            return None
+        daily = any(self._limit.get(a) == "daily_cap" for a in busy)
+        until = max(self._free_at[a] for a in busy)
+        return Hold("daily_cap" if daily else "downlink_busy", tuple(busy), until, self._held_since)
+
+    def may_close(self, now: float, max_hold_s: float | None) -> tuple[bool, bool]:
+        """Whether a round that could close at ``now`` may, and whether this call changed
+        the state (a hold started, or ``max_hold_s`` ran out: the journal must keep the
+        input). A hold ends with the version that closes it (:meth:`closed`)."""
+        if now >= self.wait_until(now):
+            return True, False
+        if self._held_since is None:
+            self._held_since = now
+            hold = self.hold(now)
+            if hold is not None:
+                log.info("job %s held: %s of %s until %.1f", self.job, hold.reason,
+                         ", ".join(hold.held_by), hold.held_until)  # fmt: skip
+            if max_hold_s is None or max_hold_s > 0:
+                return False, True
+        if max_hold_s is not None and now >= self._held_since + max_hold_s:
+            busy = self._busy(now)
+            self._released.update(busy)
+            log.info("job %s: held %.0f s (AGG_MAX_HOLD_S), closing without %s", self.job,
+                     now - self._held_since, ", ".join(busy) or "the busy links")  # fmt: skip
+            return True, True
+        return False, False
+
+    def closed(self, now: float) -> None:
+        """A version closed at ``now``: a hold on it ends."""
+        if self._held_since is not None:
+            log.info("job %s hold ended after %.1f s", self.job, now - self._held_since)
+            self._held_since = None
+
+    def answer(
+        self,
+        agent: str,
+        steps: Outbound | None,
+        snapshot: Callable[[], Outbound],
+        now: float,
+        extra: Sequence[Outbound] = (),
+    ) -> tuple[Outbound, ...]:
+        """What ``agent`` misses, addressed to it: ``steps`` (the merged catch-up, None when
+        not held) else a snapshot unless one went to it within the interval; then
+        ``extra`` (control messages it must see), addressed to it too."""
+        out: list[Outbound] = []
+        if steps is not None:
+            out.append(addressed(steps, self.job, agent))
+        elif self._snapshot_allowed(agent, now):
+            out.append(addressed(snapshot(), self.job, agent))
+        else:
+            self.withheld += 1
+        return (*out, *self.to(agent, extra))
+
+    def to(self, agent: str, outbound: Sequence[Outbound]) -> list[Outbound]:
+        """``outbound`` addressed to ``agent`` alone."""
+        return [addressed(o, self.job, agent) for o in outbound]
+
+    def _snapshot_allowed(self, agent: str, now: float) -> bool:
+        last = self._snapshot_at.get(agent)
+        if last is not None and 0.0 <= now - last < self.interval_s:
+            return False
+        if len(self._snapshot_at) >= MAX_TRACKED:  # forget the agents answered long ago
+            old = [a for a, t in self._snapshot_at.items() if now - t >= self.interval_s]
+            for a in old or list(self._snapshot_at):
+                del self._snapshot_at[a]
+        self._snapshot_at[agent] = now
+        return True
+
+    def count(self, outbound: Sequence[Published]) -> None:
+        """Count what is published, by kind."""
+        for o in map(as_outbound, outbound):
+            row = self.published.setdefault(o.kind, [0, 0])
+            row[0] += 1
+            row[1] += len(o.payload)
+
+    def charge(self, items: Sequence[Charge], now: float | None, agents: AgentRegistry) -> None:
+        """Account what agents receive: a job-wide message reaches every live agent, one
+        addressed to an agent reaches that agent only; priced on each one's downlink
+        profile. With pacing (and ``now``) the next version waits until every live agent's
+        downlink is free again."""
+        pace = now is not None and self.pacing
+        for target, size in items:
+            if target is not None:
+                one = agents.get(target)
+                receivers = [] if one is None else [one]
+            else:
+                receivers = agents.live()
+                if self._released and now is not None:  # they catch up when free again
+                    receivers = [a for a in receivers if not self._skipped(a.agent, now)]
+            for info in receivers:
+                cost = self._pricer.down_cost(info.hello.profile, size)
+                agents.add_down(info.agent, cost)
+                self._totals_down = self._totals_down + cost
+                if pace:
+                    assert now is not None
+                    self._pace(info.agent, info.hello.profile, size, now)
+
+    def _pace(self, agent: str, profile_name: str, size: int, now: float) -> None:
+        """The agent's downlink is busy for one more message: its link is free again after
+        the message's interval; the next version waits for every live link."""
+        profile = self._pricer.profile(profile_name)
+        if profile is not None:
+            interval, limit = downlink_limit(profile, size)
+            before = self._free_at.get(agent, 0.0)
+            if before <= now:  # its link was free: a release by a hold is over
+                self._released.discard(agent)
+            free = max(now, before) + interval
+            self._free_at[agent] = free
+            self._limit[agent] = limit
+            self._next_version_at = max(self._next_version_at, free)
+
+    def export(self) -> dict[str, Any]:
+        """The checkpoint's ``totals_down``, ``next_version_at`` and ``down_free_at``."""
+        return {
+            "totals_down": self._totals_down.to_dict(),
+            "next_version_at": self._next_version_at,
+            "down_free_at": dict(self._free_at),
+            "down_limit": dict(self._limit),
+            "held_since": self._held_since,
+            "down_released": sorted(self._released),
+        }
+
+    def restore(self, meta: dict[str, Any]) -> None:
+        """Load :meth:`export`'s keys (a checkpoint without them: nothing charged yet)."""
+        self._totals_down = Cost.from_dict(meta.get("totals_down"))
+        self._next_version_at = float(meta.get("next_version_at", 0.0))
+        self._free_at = {str(a): float(t) for a, t in meta.get("down_free_at", {}).items()}
+        self._limit = dict(meta.get("down_limit", {}))
+        held = meta.get("held_since")
+        self._held_since = None if held is None else float(held)
+        self._released = {str(a) for a in meta.get("down_released", [])}

@@ -1,0 +1,249 @@
+"""The model one job serves and the state its steps need: ``x``, the update family, the
+EF21 mirror (:mod:`edge_agent.numerics.aggregation`), the de-duplication keys, the update
+guard and the broadcast of each new version. :class:`JobModel` is the only writer of that
+state; it exports and restores it itself (the checkpoint's ``x``, ``h``, ``sum_h``,
+``seen`` arrays and its ``family``, ``downlink`` and ``guard`` meta)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from aggregator.engine import stepsize
+from aggregator.engine.accounting import Pricer
+from aggregator.engine.dedupe import SeenKeys
+from aggregator.engine.downlink.broadcast import Broadcast
+from aggregator.engine.downlink.outbound import Outbound
+from aggregator.engine.guard import UpdateGuard
+from aggregator.engine.openround import OpenRound
+from aggregator.engine.robust_round import downlink
+from aggregator.engine.types import EngineConfig, EngineSnapshot, Evaluator, FloatArray
+from edge_agent.numerics.aggregation import EF21Mirror, StepResult
+from edge_agent.numerics.compressors import Update
+from edge_agent.protocol import messages, wire
+from edge_agent.protocol.downlink import Family
+
+log = logging.getLogger("aggregator.engine.rounds")
+
+
+class JobModel:
+    """``x`` and what stepping and broadcasting it needs (see the module doc)."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        x0: FloatArray | None,
+        pricer: Pricer,
+        evaluator: Evaluator | None = None,
+    ) -> None:
+        self.config = config
+        d = config.d
+        self.x: FloatArray = np.zeros(d) if x0 is None else np.array(x0, dtype=np.float64)
+        if self.x.shape != (d,):
+            raise ValueError(f"x0 must have shape ({d},), got {self.x.shape}")
+        self.family: Family | None = None
+        #: ``x -> (loss, accuracy or None)``, called by :meth:`evaluate`
+        self.evaluator = evaluator
+        self.loss: float | None = None
+        self.accuracy: float | None = None
+        self._failed = False  # an evaluation failed (logged once)
+        self._pricer = pricer
+        self._ef21 = EF21Mirror(d)
+        self._seen = SeenKeys()
+        self._guard = UpdateGuard(config.limits)
+        self._gamma: float | None = None  # cached step size (hellos change it)
+        mode = downlink(config.aggregation, config.downlink)
+        self._down = Broadcast(config.job, d, mode, window=config.downlink_window)
+
+    # ------------------------------------------------------------------ reading
+
+    @property
+    def mirror(self) -> EF21Mirror:
+        """The EF21 states (read them only)."""
+        return self._ef21
+
+    @property
+    def seen_keys(self) -> SeenKeys:
+        """The de-duplication keys (read them only)."""
+        return self._seen
+
+    @property
+    def broadcast_model(self) -> FloatArray:
+        """The model the agents hold: ``x``, or the compressed downlink's ``w``."""
+        return self._down.model(self.x)
+
+    def gamma(self, hellos: Iterable[messages.Hello]) -> float:
+        """The step size: configured, else 1/L from ``hellos`` (cached until
+        :meth:`hellos_changed`; see :meth:`aggregator.engine.rounds.RoundEngine.gamma`)."""
+        cfg = self.config
+        if cfg.step_size is not None:
+            return cfg.step_size
+        if self._gamma is None:
+            factor = cfg.ef21_step_factor if self.family == "ef21" else 1.0
+            self._gamma = stepsize.gamma(list(hellos), cfg.step_rule, cfg.limits, factor)
+        return self._gamma
+
+    def seen(self, agent: str, header: wire.UpdateHeader) -> bool:
+        """Whether this (agent, round, seq) was applied already."""
+        return self._seen.contains(agent, header.round, header.seq)
+
+    def snapshot(self, version: int) -> Outbound:
+        """The retained state snapshot of ``x`` at ``version``."""
+        return self._down.snapshot(self.x, version, self._ef21.sum_h, self.family)
+
+    def catch_up(self, have: int | None, version: int) -> Outbound | None:
+        """The merged steps from ``have`` to ``version`` (None: not held)."""
+        return self._down.catch_up(have, version)
+
+    # ------------------------------------------------------------------ changes
+
+    def evaluate(self) -> None:
+        """The loss (and accuracy) of ``x``, if there is an evaluator (a failure is logged
+        once and keeps the last values)."""
+        if self.evaluator is None:
+            return
+        try:
+            loss, accuracy = self.evaluator(self.x)
+        except Exception as exc:
+            if not self._failed:
+                self._failed = True
+                log.warning("evaluation failed: %s", exc)
+            return
+        self.loss = float(loss)
+        self.accuracy = None if accuracy is None else float(accuracy)
+
+    def hellos_changed(self) -> None:
+        """A hello may change L (rows, smoothness) or the family: forget the step size."""
+        self._gamma = None
+
+    def set_family(self, family: Family) -> bool:
+        """The job runs ``family``; return whether it switched from another one."""
+        switched = self.family is not None and self.family != family
+        self.family = family
+        return switched
+
+    def check(
+        self, update: Update, agent: str, gamma: float, weight: float, acc: OpenRound
+    ) -> tuple[float, float]:
+        """The update's (norm, max |value|) if it may enter the step; raises Reject if not
+        (:class:`~aggregator.engine.guard.UpdateGuard`)."""
+        return self._guard.check(
+            update,
+            agent=agent,
+            gamma=gamma,
+            weight=weight,
+            x=self.x,
+            acc=acc.accumulator,
+            mirror=self._ef21,
+        )
+
+    def apply(
+        self,
+        agent: str,
+        index: int,
+        header: wire.UpdateHeader,
+        update: Update,
+        blob: bytes,
+        *,
+        contributes: bool,
+        weight: float,
+        norms: tuple[float, float],
+    ) -> None:
+        """An admitted update: its key, the EF21 state it changes, what the broadcast
+        replays, and the guard's bounds (``norms`` from :meth:`check`)."""
+        self._seen.add(agent, index, header.round, header.seq)
+        ef21 = header.semantics == "ef21"
+        if ef21:
+            self._ef21.apply(agent, update)
+            self._down.add(blob, header.t, 1.0)
+        elif contributes:
+            self._down.add(blob, header.t, weight)
+        self._guard.accepted(*norms, ef21=ef21, weight=weight)
+
+    def reset_agent(self, agent: str, index: int) -> None:
+        """Drop ``agent``'s EF21 state and forget its de-duplication keys."""
+        h = self._ef21.h.get(agent)
+        self._ef21.reset_agent(agent)
+        if h is not None:
+            self._guard.state_dropped(h)
+            self._down.drop_state(h, none_left=not self._ef21.h)
+        self._seen.forget(agent, index)
+
+    def step(self, round: OpenRound, gamma: float, n_agents: int) -> tuple[StepResult, float]:
+        """Step ``x`` in place with the open round's state (docs/algorithm.md); returns what
+        the step did and its coefficient (replicas step with the same one)."""
+        if self.family == "ef21":
+            # async: only `count` of the n states are fresh; a full step per K updates
+            # would re-apply stale states n/K times per refresh of all agents
+            fresh = 1.0 if self.config.mode == "sync" else min(1.0, round.count / n_agents)
+            coef = gamma * fresh / n_agents
+            return self._ef21.step(self.x, coef), coef
+        coef = gamma / round.count
+        return round.step(self.x, coef), coef
+
+    def stepped(
+        self, step: StepResult, base: int, version: int, coef: float, profiles: Iterable[str]
+    ) -> list[Outbound]:
+        """``x`` stepped from ``base`` to ``version``: what the fleet receives (priced on
+        the receivers' ``profiles`` for the compressed downlink)."""
+        cfg = self.config
+        self._guard.stepped(self.x, step.changed)
+        sent = self._down.close(
+            x=self.x,
+            changed=step.changed,
+            base=base,
+            version=version,
+            family=self.family or "mean",
+            coef=coef,
+            prices=self._pricer.down_prices(profiles),
+            aggregate=self._ef21.sum_h,
+        )
+        out = [sent or self.snapshot(version)]
+        if sent is not None and cfg.snapshot_every and version % cfg.snapshot_every == 0:
+            out.append(self.snapshot(version))
+        return out
+
+    def round_dropped(self) -> None:
+        self._guard.round_dropped()
+
+    def prune(self, version: int) -> None:
+        """Forget the keys older than the de-duplication window."""
+        self._seen.prune(version - self.config.dedupe_window)
+
+    # ------------------------------------------------------------------ persistence
+
+    def export(self) -> dict[str, Any]:
+        """The arrays of :class:`EngineSnapshot` (but ``acc``) and the meta keys ``family``,
+        ``downlink`` and ``guard``."""
+        h_agents, h, sum_h = self._ef21.export()
+        return {
+            "arrays": {
+                "x": self.x.copy(),
+                "h_agents": h_agents,
+                "h": h,
+                "sum_h": sum_h,
+                "seen": self._seen.rows(),
+            },
+            "meta": {
+                "family": self.family,
+                "loss": self.loss,
+                "accuracy": self.accuracy,
+                "downlink": self._down.export(),
+                "guard": self._guard.export(),
+            },
+        }
+
+    def restore(self, snap: EngineSnapshot, agents: Sequence[str]) -> None:
+        """Load a checkpoint (``agents``: the registry's ids in order; raises ValueError)."""
+        meta = snap.meta
+        self.x = np.array(snap.x, dtype=np.float64)
+        self.family = meta["family"]
+        self.loss, self.accuracy = meta["loss"], meta["accuracy"]
+        self._ef21 = EF21Mirror.restore(self.config.d, snap.h_agents, snap.h, snap.sum_h)
+        self._seen = SeenKeys.restore(snap.seen, agents)
+        self._down.restore(meta.get("downlink"))
+        self._guard.restore(meta.get("guard"))  # None in a checkpoint from before the guard
+        self._guard.sync(self.x, snap.acc, self._ef21)

@@ -1,0 +1,152 @@
+"""The open round of one job: what its accepted updates sum to, who contributed, what they
+cost and when it opened. :class:`OpenRound` is the only writer of that state; it exports
+and restores it itself (a checkpoint's ``acc`` array and its ``round`` meta)."""
+
+from __future__ import annotations
+
+from collections.abc import KeysView
+from typing import Any
+
+from aggregator.engine.accounting import RoundCosts, Spend
+from aggregator.engine.admission import Reject
+from aggregator.engine.robust_round import Aggregation, accumulator, restored
+from aggregator.engine.types import EngineConfig
+from edge_agent.numerics.aggregation import FloatArray, MeanAccumulator, StepResult
+from edge_agent.numerics.compressors import Update
+
+
+class OpenRound:
+    """The round being collected: the accumulator (the mean, or a robust rule), the
+    contributions per participant, the count of contributing updates (the async K
+    counter), the round's costs and the time it opened (None: not yet)."""
+
+    def __init__(self, d: int, aggregation: Aggregation) -> None:
+        self.d = d
+        self.aggregation = aggregation
+        self._acc = accumulator(d, aggregation)
+        self._contrib: dict[str, int] = {}  # participant -> contributing updates
+        self._count = 0
+        self._costs = RoundCosts()
+        self._opened_at: float | None = None
+
+    # ------------------------------------------------------------------ reading
+
+    @property
+    def accumulator(self) -> MeanAccumulator:
+        """The round's sum (read it only: the update guard checks a step against it)."""
+        return self._acc
+
+    @property
+    def count(self) -> int:
+        """Contributing updates so far."""
+        return self._count
+
+    @property
+    def participants(self) -> KeysView[str]:
+        """The agents that contributed, in the order they first did (a live view)."""
+        return self._contrib.keys()
+
+    def has(self, agent: str) -> bool:
+        """Whether ``agent`` contributed to this round."""
+        return agent in self._contrib
+
+    def __bool__(self) -> bool:
+        """Whether any update contributed."""
+        return bool(self._contrib)
+
+    def __len__(self) -> int:
+        """How many agents contributed."""
+        return len(self._contrib)
+
+    @property
+    def opened_at(self) -> float | None:
+        return self._opened_at
+
+    @property
+    def costs(self) -> RoundCosts:
+        """The round's costs (a committed record keeps this very object)."""
+        return self._costs
+
+    def summary(self) -> dict[str, Any]:
+        """Participants and age (for the status API)."""
+        return {
+            "participants": sorted(self._contrib),
+            "updates": self._count,
+            "opened_at": self._opened_at,
+        }
+
+    def admits(
+        self, agent: str, round: int, staleness: int, ef21: bool, *, paused: bool,
+        config: EngineConfig,
+    ) -> bool:  # fmt: skip
+        """Whether an admissible update for ``round`` (``staleness`` versions old) enters
+        this round's step (else: EF21 state only, or a refusal for the mean family). Raises
+        ``duplicate`` for a second mean-family update of an agent in a sync round."""
+        if config.mode != "sync":
+            return not paused and staleness <= config.max_staleness
+        contributes = not paused and staleness == 0
+        if agent in self._contrib and staleness == 0:
+            if not ef21:
+                raise Reject("duplicate", f"{agent} already reported for round {round}")
+            contributes = False  # a second EF21 change for the same round: state only
+        return contributes
+
+    # ------------------------------------------------------------------ changes
+
+    def open(self, now: float, *, again: bool = False) -> None:
+        """The round opens at ``now`` unless it is open already (``again``: its deadline
+        counts from ``now`` anyway, when the job starts; what it collected is kept)."""
+        if self._opened_at is None or again:
+            self._opened_at = now
+
+    def restart_deadline(self, now: float) -> None:
+        """An open round's deadline counts from ``now`` (after a pause)."""
+        if self._opened_at is not None:
+            self._opened_at = now
+
+    def cost(self, agent: str, t: int, spend: Spend) -> None:
+        """An accepted update of ``agent`` (``t`` values) cost ``spend``."""
+        self._costs.add(agent, t, spend)
+
+    def contribute(self, agent: str, update: Update | None, weight: float) -> None:
+        """An update of ``agent`` enters the step; ``update`` is summed (None: an EF21
+        change, which the mirror holds instead)."""
+        self._contrib[agent] = self._contrib.get(agent, 0) + 1
+        self._count += 1
+        if update is not None:
+            self._acc.add(update, weight)
+
+    def step(self, x: FloatArray, coef: float) -> StepResult:
+        """``x <- x - coef * sum`` (the mean family's step; in place, only if finite)."""
+        return self._acc.step(x, coef)
+
+    def reset(self, now: float) -> None:
+        """Open the next round at ``now`` (a committed record keeps the old costs object)."""
+        self._acc.reset()
+        self._contrib = {}
+        self._count = 0
+        self._costs = RoundCosts()
+        self._opened_at = now
+
+    # ------------------------------------------------------------------ persistence
+
+    def export_sum(self) -> FloatArray:
+        """A copy of the round's sum (the checkpoint's ``acc``)."""
+        return self._acc.export()
+
+    def export(self) -> dict[str, Any]:
+        """The checkpoint's ``round`` meta."""
+        return {
+            "contrib": dict(self._contrib),
+            "count": self._count,
+            **self._costs.export(),
+            "opened_at": self._opened_at,
+        }
+
+    def restore(self, meta: dict[str, Any], acc: FloatArray) -> None:
+        """Load what :meth:`export` and :meth:`export_sum` wrote (raises ValueError)."""
+        self._acc = restored(self.aggregation, MeanAccumulator.restore(acc))
+        self._contrib = {str(k): int(v) for k, v in meta["contrib"].items()}
+        self._count = int(meta["count"])
+        self._costs = RoundCosts.restore(meta)
+        self._opened_at = meta["opened_at"]

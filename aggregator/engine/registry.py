@@ -1,0 +1,254 @@
+"""The agents of one job: their records (:class:`~aggregator.engine.types.AgentInfo`), their
+presence and liveness, and which of them a sync round counts.
+
+:class:`AgentRegistry` is the only writer of an agent's record: every change goes through
+one of its methods, and it exports and restores the records itself (the checkpoint's
+``agents`` list, in registration order; an agent's position there is its index in the
+de-duplication keys).
+
+**Presence.** A status that changes nothing is not journalled (an agent, or a hostile
+client, re-announcing the state it already has must not grow the disk). "Nothing" must
+then be exact, or the journal replay would rebuild a different state: a repeated
+``online`` refreshes ``last_seen`` only once at least :data:`REFRESH_FRACTION` of the
+liveness timeout has passed since the value the registry holds, and only that refresh is
+journalled. An agent kept alive by status messages alone is therefore seen at most that
+fraction of the timeout earlier than it last spoke (agents normally keep alive with
+hellos and updates).
+
+**Participation.** Registering costs an agent one hello; taking part costs it updates.
+Counting every live registered agent let anyone who can send hellos (20,000 invented ids
+over ZeroMQ) raise the quorum beyond what the real agents can reach, and no round closed
+again. So, with ``K = EngineConfig.participation_window`` (model versions), at model
+version ``v``:
+
+* an agent **takes part** when it is live and had an update accepted for one of the
+  last ``K`` rounds (its last accepted update's round ``> v - K``; the open round is
+  round ``v``). The deadline quorum is a fraction of these agents (at least
+  ``quorum_min_agents``);
+* a **newcomer** is a live agent with no accepted update yet that joined fewer than ``K``
+  versions ago (at version ``> v - K``). The round waits for newcomers before it closes
+  as ``all_reported`` (a new agent's first update is not left out of the round it
+  joined in), and they join the quorum's base, but at most as many as take part: the
+  quorum is ``max(quorum_min_agents, ceil(quorum_fraction * n))`` with
+  ``n = taking_part + min(newcomers, taking_part)``.
+
+What it costs: hellos from agents that never send an update can at most double the
+quorum's base (with ``quorum_fraction <= 0.5`` the agents that take part always reach
+it) and make rounds wait for their deadline, for ``K`` versions; an agent whose updates
+stop being accepted (silent, refused, or late beyond ``K`` versions) stops counting after
+``K`` versions and counts again from its next accepted update. Dead agents (liveness
+timeout) never count. The number of registered agents is capped (``max_agents``,
+:func:`aggregator.engine.admission.check_capacity`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from aggregator.engine.accounting import Spend
+from aggregator.engine.admission import Reject, check_capacity
+from aggregator.engine.types import AgentInfo
+from edge_agent.links.cost import Cost
+from edge_agent.protocol import messages
+
+log = logging.getLogger("aggregator.engine")
+
+#: a repeated ``online`` status refreshes ``last_seen`` once per this part of the timeout
+REFRESH_FRACTION: Final = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class Participation:
+    """The agents a sync round counts at one model version (ids)."""
+
+    #: live agents with an accepted update for one of the last K versions (the quorum base)
+    taking_part: frozenset[str]
+    #: the round closes as ``all_reported`` once all of these contributed (taking part or new)
+    awaited: frozenset[str]
+
+    @property
+    def quorum_base(self) -> int:
+        """``n`` of the quorum: those taking part and at most as many newcomers."""
+        taking = len(self.taking_part)
+        return taking + min(len(self.awaited) - taking, taking)
+
+
+def takes_part(info: AgentInfo, version: int, window: int) -> bool:
+    """Whether ``info`` is live with an accepted update for one of the last ``window``
+    rounds (the open round being round ``version``)."""
+    return info.live and info.last_round is not None and version - info.last_round < window
+
+
+def is_newcomer(info: AgentInfo, version: int, window: int) -> bool:
+    """Whether ``info`` is live, has no accepted update yet and joined fewer than
+    ``window`` versions ago."""
+    return info.live and info.last_round is None and version - info.joined_version < window
+
+
+def participation(agents: Iterable[AgentInfo], version: int, window: int) -> Participation:
+    """Who takes part and who is awaited at ``version`` (see the module doc)."""
+    taking: set[str] = set()
+    new: set[str] = set()
+    for info in agents:
+        if takes_part(info, version, window):
+            taking.add(info.agent)
+        elif is_newcomer(info, version, window):
+            new.add(info.agent)
+    return Participation(frozenset(taking), frozenset(taking | new))
+
+
+class AgentRegistry:
+    """The records of a job's agents. ``records`` is a read-only view: callers change a
+    record only through the methods here."""
+
+    def __init__(self, *, liveness_timeout_s: float, max_agents: int, window: int) -> None:
+        self.liveness_timeout_s = liveness_timeout_s
+        self.max_agents = max_agents
+        self.window = window
+        self._agents: dict[str, AgentInfo] = {}
+        self._index: dict[str, int] = {}  # position in the registration order
+
+    # ------------------------------------------------------------------ reading
+
+    @property
+    def records(self) -> Mapping[str, AgentInfo]:
+        """Every agent's record by id, in registration order (do not mutate)."""
+        return self._agents
+
+    def get(self, agent: str) -> AgentInfo | None:
+        return self._agents.get(agent)
+
+    def index(self, agent: str) -> int:
+        """The agent's position in the registration order (its de-duplication index)."""
+        return self._index[agent]
+
+    def __len__(self) -> int:
+        return len(self._agents)
+
+    def __iter__(self) -> Iterator[AgentInfo]:
+        return iter(self._agents.values())
+
+    def only(self, agent: str) -> bool:
+        """Whether no agent but ``agent`` is registered."""
+        return all(a == agent for a in self._agents)
+
+    def live(self) -> list[AgentInfo]:
+        return [a for a in self._agents.values() if a.live]
+
+    @property
+    def live_count(self) -> int:
+        return sum(1 for a in self._agents.values() if a.live)
+
+    def counted(self, version: int) -> Participation:
+        """Who the open sync round of ``version`` counts (see the module doc)."""
+        return participation(self._agents.values(), version, self.window)
+
+    @staticmethod
+    def quorum(base: int, min_agents: int, fraction: float) -> int:
+        """Contributions a sync round needs at its deadline (see the module doc)."""
+        return max(min_agents, math.ceil(fraction * base))
+
+    # ------------------------------------------------------------------ changes
+
+    def join(self, agent: str, hello: messages.Hello, now: float, version: int) -> bool:
+        """Register ``agent`` (a hello; raises ``too_many_agents`` beyond the cap) or renew
+        its hello; it is live and online. Returns whether the agent is new."""
+        info = self._agents.get(agent)
+        new = info is None
+        if info is None:
+            check_capacity(agent, len(self._agents), self.max_agents)
+            info = AgentInfo(agent, hello, first_seen=now, last_seen=now, joined_version=version)
+            self._agents[agent] = info
+            self._index[agent] = len(self._index)
+            log.info("agent %s joined (profile %s)", agent, hello.profile or "none")
+        else:
+            info.hello = hello
+        self.seen(agent, now)
+        return new
+
+    def seen(self, agent: str, now: float) -> None:
+        """``agent`` spoke at ``now``: it is live and online (unknown agents: nothing)."""
+        info = self._agents.get(agent)
+        if info is not None:
+            info.last_seen = max(info.last_seen, now)
+            info.live, info.state = True, "online"
+
+    def refresh(self, agent: str, now: float) -> bool:
+        """``agent`` is still transmitting (a re-send): it is live and online, its
+        ``last_seen`` refreshed as a repeated ``online`` status refreshes it; return
+        whether anything changed (see the module doc)."""
+        return self.status(agent, "online", now)
+
+    def status(self, agent: str, state: str, now: float) -> bool:
+        """Apply an agent's announced ``state`` at ``now``; return whether anything changed
+        (then the message must be journalled, else nothing did; see the module doc).
+        Raises ``unknown_agent`` for an agent without a hello."""
+        info = self._agents.get(agent)
+        if info is None:
+            raise Reject("unknown_agent", agent)
+        live = state == "online"
+        refresh = live and now - info.last_seen >= REFRESH_FRACTION * self.liveness_timeout_s
+        if state == info.state and live == info.live and not refresh:
+            return False
+        info.state, info.live = state, live
+        if live:
+            info.last_seen = max(info.last_seen, now)
+        return True
+
+    def expire(self, now: float, keep: frozenset[str] = frozenset()) -> list[str]:
+        """Mark the agents silent for longer than the liveness timeout ``lost`` (but not
+        those in ``keep``); return their ids."""
+        lost: list[str] = []
+        for info in self._agents.values():
+            if info.live and now - info.last_seen > self.liveness_timeout_s:
+                if info.agent in keep:
+                    continue
+                info.live, info.state = False, "lost"
+                lost.append(info.agent)
+                log.info("agent %s lost (silent for %.0f s)", info.agent, now - info.last_seen)
+        return lost
+
+    def accepted(self, agent: str, round: int, t: int, spend: Spend, now: float) -> None:
+        """An update of ``agent`` for ``round`` (``t`` values) was accepted at ``now``."""
+        info = self._agents[agent]
+        self.seen(agent, now)
+        info.accepted += 1
+        info.last_round, info.last_t = round, t
+        info.spend.add(spend)
+
+    def rejected(self, agent: str | None) -> None:
+        """A message of ``agent`` was refused (an unknown agent: nothing)."""
+        info = None if agent is None else self._agents.get(agent)
+        if info is not None:
+            info.rejected += 1
+
+    def set_needs_reset(self, agent: str, needs: bool) -> None:
+        """EF21: whether ``agent``'s updates wait for a fresh hello (its state was dropped)."""
+        self._agents[agent].needs_reset = needs
+
+    def add_sent(self, agent: str | None, cost: Cost) -> None:
+        """``agent`` sent a message costing ``cost`` on its uplink (unknown: nothing)."""
+        info = None if agent is None else self._agents.get(agent)
+        if info is not None:
+            info.sent = info.sent + cost
+
+    def add_down(self, agent: str, cost: Cost) -> None:
+        """``agent`` received a message costing ``cost`` on its downlink."""
+        info = self._agents[agent]
+        info.down = info.down + cost
+
+    # ------------------------------------------------------------------ persistence
+
+    def export(self) -> list[dict[str, Any]]:
+        """The records in registration order (the checkpoint's ``agents``)."""
+        return [info.to_dict() for info in self._agents.values()]
+
+    def restore(self, rows: Iterable[dict[str, Any]]) -> None:
+        """Load the records :meth:`export` wrote."""
+        infos = [AgentInfo.from_dict(a) for a in rows]
+        self._agents = {a.agent: a for a in infos}
+        self._index = {a.agent: i for i, a in enumerate(infos)}
