@@ -147,11 +147,12 @@ def wait_trained(run: Run) -> list[dict[str, Any]]:
 
 
 def stop(run: Run) -> list[dict[str, Any]]:
-    """SIGINT every agent; their JSON summaries (each must exit 0)."""
+    """SIGINT every agent; their JSON summaries (each must exit 130: stopped by SIGINT after
+    a clean shutdown, the shell convention of docs/operating.md)."""
     for a in run.agents:
         a.proc.send_signal(signal.SIGINT)
     for a in run.agents:
-        assert a.proc.wait(timeout=20) == 0, run.diagnose()
+        assert a.proc.wait(timeout=20) == 128 + signal.SIGINT, run.diagnose()
     return [a.summary() for a in run.agents]
 
 

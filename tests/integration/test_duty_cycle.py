@@ -25,7 +25,13 @@ from e2e_helpers import AgentThread, make_problem, service_settings, wait_until
 from aggregator.localnet import HOST, free_port_pair
 from aggregator.service.ingest import AggregatorService
 from edge_agent.agent.loop import AgentConfig
-from edge_agent.links.profiles import CostProfile, parse_profile, resolve_profile
+from edge_agent.links.profiles import (
+    PROFILES_DIR_ENV,
+    CostProfile,
+    parse_profile,
+    resolve_profile,
+    save_profile,
+)
 from edge_agent.protocol import topics
 
 pytestmark = pytest.mark.integration
@@ -50,8 +56,16 @@ def _version(services: list[AggregatorService]) -> int:
     return int(services[-1].read(lambda e: e.version))
 
 
-def test_lorawan_agent_with_default_flags_stays_within_its_duty_cycle(tmp_path: Path) -> None:
+def test_lorawan_agent_with_default_flags_stays_within_its_duty_cycle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     profile = fast_lorawan()
+    # the aggregator prices a hello's profile from its profiles directory (an unknown one is
+    # refused): the test copy lives in a directory of its own
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    save_profile(profile, profiles / f"{profile.name}.json")
+    monkeypatch.setenv(PROFILES_DIR_ENV, str(profiles))
     problem = make_problem(tmp_path / "data", rows=60, features=8, agents=1)
     url = f"zmq+tcp://{HOST}:{free_port_pair()}"
     job = "duty"
