@@ -44,6 +44,7 @@ from e2e_helpers import (
 
 from aggregator.localnet import HOST, MissingProgram, MosquittoBroker, find_program, service_env
 from edge_agent.protocol import topics
+from edge_agent.transports import open_transport
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -62,6 +63,7 @@ PROFILE = "wifi_esp32_mqtt_tcp"
 RESTART_AT = 10  # the site broker restarts once a later version has the site's agents
 TOKEN = "site-bridge-test-token-0123456789"
 GRACE_S = 1.0
+SHARED_ROUNDS = 20
 
 
 @dataclass(frozen=True)
@@ -132,19 +134,19 @@ def sites(tmp_path: Path) -> Iterator[Sites]:
         yield Sites(central, site, tls_dir, secrets)
 
 
-def _start_agent(fleet: Fleet, sites: Sites, problem: Problem, index: int) -> AgentProcess:
-    """``edge-agent run`` as the README shows it, over TLS to its own broker."""
-    agent_id, where = AGENTS[index]
-    broker = sites.central if where == "central" else sites.site
+def _start_agent(
+    fleet: Fleet, problem: Problem, index: int, server: str, secrets: Path, *tls: str
+) -> AgentProcess:
+    """``edge-agent run`` as the README shows it: agent ``AGENTS[index]`` on ``server``
+    with its own user name and password (and ``tls``: the --ca-file for mqtts://)."""
+    agent_id = AGENTS[index][0]
     model_path = fleet.workdir / f"{agent_id}.npy"
     out_path, err_path = fleet.workdir / f"{agent_id}.out", fleet.workdir / f"{agent_id}.err"
     cmd = [
-        sys.executable, "-m", "edge_agent.cli", "run",
-        "--server", f"mqtts://{HOST}:{broker.ports[TLS_PORT]}",
+        sys.executable, "-m", "edge_agent.cli", "run", "--server", server,
         "--job", JOB, "--agent-id", agent_id, "--profile", PROFILE,
         "--data", str(problem.shards[index]), "--features", str(problem.features),
-        "--username", agent_id, "--password-file", str(sites.secrets / agent_id),
-        "--ca-file", str(sites.tls_dir / "ca.crt"),
+        "--username", agent_id, "--password-file", str(secrets / agent_id), *tls,
         # --duty-cycle ignore: with the default (wait) these agents, on this tree, answer
         # version 1 by asking for it again and again (hundreds of to/<agent> answers a
         # second, no version 2), with or without a bridge; Wi-Fi has no duty cycle, so
@@ -157,6 +159,29 @@ def _start_agent(fleet: Fleet, sites: Sites, problem: Problem, index: int) -> Ag
     agent = AgentProcess(agent_id, PROFILE, proc, out_path, err_path, model_path)
     fleet.agents.append(agent)
     return agent
+
+
+def _assert_applied_once(agg: AggregatorProcess, fleet: Fleet) -> None:
+    """Every update the agents sent was accepted or refused with a counted reason (their
+    re-sends refused as ``duplicate`` aside), no agent is twice in a version, and an
+    accepted update either entered its round's step (it is in that version's
+    participants) or, late, only its sender's EF21 state (sync mode): never both."""
+    status = agg.status()
+    n = status["model_version"]
+    sent = {a.agent_id: int(a.summary()["updates"]) for a in fleet.agents}
+    refused = dict(status["updates_rejected"])
+    refused.pop("duplicate", None)  # re-sends of an update already taken, not updates
+    assert status["updates_accepted"] == sum(sent.values()) - sum(refused.values()), (
+        f"sent {sent}, status {status}"
+    )
+    rows = agg.history()
+    assert [r["version"] for r in rows] == list(range(1, n + 1))
+    for row in rows:
+        assert len(set(row["participants"])) == len(row["participants"]), row
+    accepted = {a["agent"]: a["updates_accepted"] for a in agg.get("/agents")}
+    assert sorted(accepted) == sorted(sent)
+    for agent, count in accepted.items():
+        assert sum(agent in r["participants"] for r in rows) <= count, agent
 
 
 def _active(path: Path) -> list[list[str]]:
@@ -208,8 +233,11 @@ def test_agents_behind_a_site_bridge_train_with_the_centre_through_a_site_restar
     fleet = Fleet(tmp_path)
     with running(agg, fleet):
         agg.start()
-        for i in range(len(AGENTS)):
-            _start_agent(fleet, sites, problem, i)
+        ca = ("--ca-file", str(sites.tls_dir / "ca.crt"))
+        for i, (_, where) in enumerate(AGENTS):
+            broker = sites.central if where == "central" else sites.site
+            url = f"mqtts://{HOST}:{broker.ports[TLS_PORT]}"
+            _start_agent(fleet, problem, i, url, sites.secrets, *ca)
         diagnose = lambda: f"{agg.diagnose()}\n{fleet.diagnose()}\n{sites.diagnose()}"  # noqa: E731
         # the site's agents reach the aggregator only through the bridge
         wait_until(lambda: _site_agents_in_a_version_after(agg, RESTART_AT), 30,
@@ -222,26 +250,100 @@ def test_agents_behind_a_site_bridge_train_with_the_centre_through_a_site_restar
                    "the site's agents back after the site broker's restart", diagnose=diagnose)  # fmt: skip
         auth = {"Authorization": f"Bearer {TOKEN}"}
         assert agg.http.post("/control/stop", headers=auth).json()["applied"] is True
-        status = wait_finished(agg, fleet, timeout_s=20)
+        wait_finished(agg, fleet, timeout_s=20)
         fleet.wait(timeout_s=20)
         time.sleep(GRACE_S)  # anything still queued on a bridge reaches the aggregator
-        status = agg.status()
 
-        n = status["model_version"]
-        sent = {a.agent_id: int(a.summary()["updates"]) for a in fleet.agents}
-        refused = dict(status["updates_rejected"])
-        refused.pop("duplicate", None)  # re-sends of an update already taken, not updates
-        assert status["updates_accepted"] == sum(sent.values()) - sum(refused.values()), (
-            f"sent {sent}, status {status}"
-        )
-        rows = agg.history()
-        assert [r["version"] for r in rows] == list(range(1, n + 1))
-        for row in rows:
-            assert len(set(row["participants"])) == len(row["participants"]), row
-        # an accepted update either entered its round's step (it is in that version's
-        # participants) or, late, only its sender's EF21 state (sync mode): never both
-        accepted = {a["agent"]: a["updates_accepted"] for a in agg.get("/agents")}
-        for agent, count in accepted.items():
-            assert sum(agent in r["participants"] for r in rows) <= count, agent
+        _assert_applied_once(agg, fleet)
         assert_models_identical(agg, fleet)
     assert time.monotonic() - started < 60
+
+
+# --------------------------------------------------------------------------- shared subscriptions
+
+
+@pytest.fixture
+def plain_broker(tmp_path: Path) -> Iterator[tuple[MosquittoBroker, Path]]:
+    """A private Mosquitto with passwords and the shipped ACL; (broker, secrets dir)."""
+    try:
+        find_program("mosquitto_passwd")
+        broker = MosquittoBroker(tmp_path / "broker", password_file=tmp_path / "passwd",
+                                 acl_file=SHIPPED_ACL)  # fmt: skip
+    except MissingProgram as exc:
+        pytest.skip(str(exc))
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    _add(tmp_path / "passwd", secrets / "aggregator", "--aggregator")
+    for agent, _ in AGENTS:
+        _add(tmp_path / "passwd", secrets / agent, agent)
+    with broker:
+        yield broker, secrets
+
+
+def test_a_share_group_splits_the_agents_topics_between_its_members(
+    plain_broker: tuple[MosquittoBroker, Path],
+) -> None:
+    """Through ``?share=``: each message reaches exactly one member of the group, with its
+    own topic name, under the aggregator's unchanged ACL."""
+    broker, secrets = plain_broker
+    creds = {"username": "aggregator", "password_file": str(secrets / "aggregator"),
+             "clean_session": True, "timeout_s": 5.0}  # fmt: skip
+    members = [
+        open_transport(f"{broker.url}?share=aggs", role="aggregator", client_id=f"agg-{i}", **creds)
+        for i in range(2)
+    ]
+    agent = AGENTS[0][0]
+    sender = open_transport(broker.url, role="agent", client_id=agent, username=agent,
+                            password_file=str(secrets / agent), timeout_s=5.0)  # fmt: skip
+    count = 20
+    try:
+        for m in members:
+            m.connect()
+            for pattern in topics.agent_inbound(JOB):
+                m.subscribe(pattern)
+        sender.connect()
+        for i in range(count):
+            sender.publish(topics.update(JOB, agent), bytes([i]))
+        got: list[list[bytes]] = [[], []]
+        deadline = time.monotonic() + 10
+        while sum(map(len, got)) < count and time.monotonic() < deadline:
+            for i, m in enumerate(members):
+                if (msg := m.recv(0.05)) is not None:
+                    assert msg.topic == topics.update(JOB, agent)
+                    got[i].append(msg.payload)
+        for i, m in enumerate(members):  # nothing more comes: each message went to one
+            while (msg := m.recv(0.3)) is not None:
+                got[i].append(msg.payload)
+        assert sorted(got[0] + got[1]) == [bytes([i]) for i in range(count)], broker.log_tail()
+        assert got[0] and got[1], "one member took everything: not a shared subscription"
+    finally:
+        sender.close()
+        for m in members:
+            m.close()
+
+
+def test_the_aggregator_through_a_share_group_applies_every_update_once(
+    plain_broker: tuple[MosquittoBroker, Path], tmp_path: Path
+) -> None:
+    broker, secrets = plain_broker
+    problem = make_problem(tmp_path / "data", agents=len(AGENTS))
+    settings = aggregator_settings(
+        problem,
+        job=JOB,
+        server=f"{broker.url}?share=aggregators",
+        data_dir=tmp_path / "agg",
+        max_rounds=SHARED_ROUNDS,
+        mqtt_username="aggregator",
+        mqtt_password_file=secrets / "aggregator",
+    )
+    agg = AggregatorProcess(tmp_path, settings)
+    fleet = Fleet(tmp_path)
+    with running(agg, fleet):
+        agg.start()
+        for i in range(len(AGENTS)):
+            _start_agent(fleet, problem, i, broker.url, secrets)
+        status = wait_finished(agg, fleet, timeout_s=40)
+        fleet.wait(timeout_s=20)
+        assert status["model_version"] == SHARED_ROUNDS
+        _assert_applied_once(agg, fleet)
+        assert_models_identical(agg, fleet)
