@@ -216,18 +216,29 @@ def listener_ports(text: str) -> list[int]:
 
 
 def render_config(
-    text: str, *, ports: Mapping[int, int], paths: Mapping[str, Path], source: str = "config"
+    text: str,
+    *,
+    ports: Mapping[int, int],
+    paths: Mapping[str, Path],
+    values: Mapping[str, str] | None = None,
+    source: str = "config",
 ) -> str:
     """A Mosquitto config (``text``, e.g. a shipped file) made to run here: every ``listener
     <port> [address]`` line becomes ``listener ports[port] 127.0.0.1``; every option named in
-    ``paths`` gets that path (each must appear exactly once); everything else verbatim.
+    ``paths`` gets that path and every option named in ``values`` that value (e.g. a bridge's
+    ``address`` and ``remote_password``), each of them appearing exactly once; everything
+    else verbatim.
 
     Raises ValueError naming ``source`` when a listener's port is not in ``ports`` or a path
-    option is missing or repeated, so a config other than the one meant never runs silently.
+    or value option is missing or repeated, so a config other than the one meant never runs
+    silently.
     A ``user`` line is refused: the broker runs as the current user (as root, Mosquitto
     would switch to the "mosquitto" user, who cannot read a test's temporary files).
     """
-    seen: dict[str, int] = dict.fromkeys(paths, 0)
+    given: dict[str, object] = {**paths, **(values or {})}
+    if any("\n" in str(v) for v in given.values()):
+        raise ValueError(f"{source}: a path or value to set spans lines: {given}")
+    seen: dict[str, int] = dict.fromkeys(given, 0)
     out: list[str] = []
     for line in text.splitlines():
         words = _words(line)
@@ -237,9 +248,9 @@ def render_config(
             if shipped not in ports:
                 raise ValueError(f"{source}: listener {shipped} has no local port to move to")
             line = f"listener {ports[shipped]} {HOST}"
-        elif key in paths:
+        elif key in given:
             seen[key] += 1
-            line = f"{key} {paths[key]}"
+            line = f"{key} {given[key]}"
         elif key == "user":
             raise ValueError(f"{source}: remove the 'user' line; the broker runs as you")
         out.append(line)
@@ -260,8 +271,9 @@ class MosquittoBroker(_Server):
     ``options`` as further ``key value`` lines (they override those defaults).
 
     ``config_file`` instead (e.g. the shipped ``deploy/mosquitto/mosquitto.conf``): every
-    listener moves to a free port on 127.0.0.1 and the options named in ``paths`` (password,
-    ACL, TLS files, persistence location) point where given; see :func:`render_config`.
+    listener moves to a free port on 127.0.0.1, the options named in ``paths`` (password,
+    ACL, TLS files, persistence location) point where given and those named in ``values``
+    (a bridge's ``address``, its credentials) take the value given; see :func:`render_config`.
     :attr:`ports` maps each listener's port in the file to the local one.
 
     The config and the broker's log (its stdout and stderr; generated configs log there)
@@ -282,6 +294,7 @@ class MosquittoBroker(_Server):
         options: Mapping[str, object] | None = None,
         config_file: Path | None = None,
         paths: Mapping[str, Path] | None = None,
+        values: Mapping[str, str] | None = None,
         executable: str = "mosquitto",
     ) -> None:
         self.executable = find_program(executable)
@@ -302,7 +315,7 @@ class MosquittoBroker(_Server):
                 raise ValueError(f"{config_file}: no 'listener' line; add one")
             self.ports = dict(zip(shipped, free_ports(len(shipped)), strict=True))
             config = render_config(
-                text, ports=self.ports, paths=paths or {}, source=str(config_file)
+                text, ports=self.ports, paths=paths or {}, values=values, source=str(config_file)
             )
         else:
             local = port if port is not None else free_port()
@@ -353,6 +366,11 @@ class MosquittoBroker(_Server):
     @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        """The broker's process id while it runs (for its RSS and CPU in /proc), else None."""
+        return self._proc.pid if self.running and self._proc is not None else None
 
     def start(self, timeout_s: float = 10.0) -> None:
         """Start (or restart, on the same ports) and wait until every listener accepts

@@ -2,6 +2,7 @@
 
     python benchmarks/load.py [--quick] [--agents N] [--baseline-agents M] [--rounds R]
                               [--procs P] [--late-fraction F]
+    python benchmarks/load.py --sites [--quick] [--agents N] [--baseline-agents M] [--rounds R]
 
 Each agent is a light paho client (not an :class:`edge_agent.agent.loop.Agent` with a model
 and data): it says hello (top-k, d = 2,000), subscribes to the job's model, delta and
@@ -25,6 +26,16 @@ measured in the same run; the report gives the ratios):
   deadline: their rounds close with the quorum and their updates are refused as
   ``stale`` (counted), every round.
 
+``--sites`` instead runs the shipped broker configurations: ``deploy/mosquitto/mosquitto.conf``
+(the centre, with the aggregator on its loopback listener) and ``deploy/mosquitto/site.conf``
+(a site broker whose bridge reaches the central TLS listener; a throw-away CA from
+``deploy/tls/make-test-ca.sh``), passwords for every agent and the shipped ACL on both. The
+fleet, ``--agents`` (default 1000, 20 rounds), is split in half: one half on the central
+broker, the other behind the bridge; the baseline, ``--baseline-agents`` (default 200), is on
+the central broker alone, in the same run. Reported besides the checks and latencies: each
+broker's RSS, and the CPU share (CPU seconds / wall seconds while the rounds run) of the
+aggregator (this process) and of each broker. Needs mosquitto, mosquitto_passwd, openssl.
+
 ``--status-flood N`` instead measures the disk (docs/operating.md, Bounded disk): one agent
 says hello, the job is paused (no version commits, so no checkpoint would ever trim the
 journal), and one client sends N status messages, first N repeating ``online`` (changes
@@ -35,7 +46,8 @@ after each.
 
 Checks (``ok``): per agent, updates the client sent == the engine's accepted + rejected
 for it (each applied once or refused with a counted reason; the counts by reason are
-reported), the participants summed over the history == accepted (each accepted update in
+reported), give or take what QoS 1 delivered twice (refused as ``duplicate``: counted,
+never applied; over the fleet, accepted + the other refusals == sent), the participants summed over the history == accepted (each accepted update in
 exactly one committed version), and ``rounds`` versions committed. Round latency: p50 /
 p99 of ``closed_at - opened_at`` from the history. RSS: ``VmRSS`` (and ``VmHWM``, the
 peak) of this process (the aggregator; the clients are in other processes) and of the
@@ -46,17 +58,22 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import secrets
 import shutil
+import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from _common import emit, environment, parser
 
-from aggregator.localnet import HOST, MosquittoBroker
+from aggregator.localnet import HOST, MosquittoBroker, find_program
 
 BENCH = "load"
 JOB = "load"
@@ -69,10 +86,23 @@ LATE_EXTRA_S = 0.5  # a late agent answers this long after the deadline
 # --------------------------------------------------------------------------- clients
 
 
+@dataclass(frozen=True)
+class Seat:
+    """Where one light agent connects: its broker's port, its password (None: anonymous),
+    and how late it answers (None: at once)."""
+
+    agent: str
+    port: int
+    password: str | None = None
+    late_s: float | None = None
+
+
 class _Client:
     """One light agent: a paho client that answers each new version with one update."""
 
-    def __init__(self, port: int, agent: str, rounds: int, late_s: float | None) -> None:
+    def __init__(
+        self, port: int, agent: str, rounds: int, late_s: float | None, password: str | None
+    ) -> None:
         import paho.mqtt.client as paho
         from paho.mqtt.enums import CallbackAPIVersion
 
@@ -97,6 +127,8 @@ class _Client:
         )
         self.client.on_message = self._on_message
         self.client.on_subscribe = lambda *a: self.subscribed.set()
+        if password is not None:  # the shipped configs: user name = agent id
+            self.client.username_pw_set(agent, password)
         self.client.connect(HOST, port, keepalive=60)
         self.client.loop_start()
         hello = messages.Hello(
@@ -151,9 +183,9 @@ class _Client:
         self.client.disconnect()
 
 
-def _fleet(port: int, agents: list[tuple[str, float | None]], rounds: int, ctl: Any) -> None:
+def _fleet(seats: list[Seat], rounds: int, ctl: Any) -> None:
     """Child process: run these clients until told to stop; report what each sent."""
-    clients = [_Client(port, agent, rounds, late_s) for agent, late_s in agents]
+    clients = [_Client(s.port, s.agent, rounds, s.late_s, s.password) for s in seats]
     ok = all(c.subscribed.wait(30) for c in clients)
     ctl.send("ready" if ok else "no SUBACK within 30 s")
     ctl.poll(WAIT_S)
@@ -177,26 +209,42 @@ def rss_kib(pid: int) -> dict[str, int]:
     return out
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) ``pid`` has used, from /proc/<pid>/stat."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
 def scenario(
-    port: int, n: int, *, rounds: int, procs: int, late: int, deadline_s: float
+    seats: list[Seat],
+    url: str,
+    *,
+    rounds: int,
+    procs: int,
+    deadline_s: float,
+    pids: Mapping[str, int],
+    **more: Any,
 ) -> dict[str, Any]:
-    """One fleet of ``n`` agents (``late`` of them late) against a fresh service."""
+    """One fleet (``seats``) against a fresh service on ``url``; ``more`` are further
+    service settings (credentials); ``pids`` the brokers whose RSS and CPU are reported."""
     from aggregator.service.ingest import AggregatorService
     from aggregator.service.settings import load_settings
 
+    n = len(seats)
     data_dir = Path(tempfile.mkdtemp(prefix="cat-edge-load-"))
     settings = load_settings(
         job=JOB, d=D, mode="sync", step_size=0.01, min_agents=n, round_deadline_s=deadline_s,
-        liveness_timeout_s=600.0, transports=[f"mqtt://{HOST}:{port}"], data_dir=data_dir,
-        client_id=f"aggregator-{JOB}-{data_dir.name}",
+        feedback="none",  # the light clients send plain top-k (no EF21 state)
+        liveness_timeout_s=600.0, transports=[url], data_dir=data_dir,
+        client_id=f"aggregator-{JOB}-{data_dir.name}", max_agents=max(n, 1000), **more,
     )  # fmt: skip
     service = AggregatorService(settings)
-    late_s = deadline_s + LATE_EXTRA_S
-    names = [(f"a{i:04d}", late_s if _is_late(i, n, late) else None) for i in range(n)]
+    late = sum(s.late_s is not None for s in seats)
     ctx = mp.get_context("spawn")
     children: list[tuple[Any, Any]] = []
     try:
@@ -204,16 +252,19 @@ def scenario(
         started = time.monotonic()
         for p in range(procs):
             ours, theirs = ctx.Pipe()
-            proc = ctx.Process(
-                target=_fleet, args=(port, names[p::procs], rounds, theirs), daemon=True
-            )
+            proc = ctx.Process(target=_fleet, args=(seats[p::procs], rounds, theirs), daemon=True)
             proc.start()
             children.append((proc, ours))
         for _, pipe in children:
             if not pipe.poll(120) or (msg := pipe.recv()) != "ready":
                 raise RuntimeError(f"a client process did not start: {locals().get('msg')}")
+        ready = time.monotonic()
+        watched = {"aggregator": os.getpid(), **pids}
+        cpu0 = {name: cpu_s(pid) for name, pid in watched.items()}
         peak = _wait_rounds(service, rounds, started)
         elapsed = time.monotonic() - started
+        busy = time.monotonic() - ready
+        cpu = {name: (cpu_s(pid) - cpu0[name]) / busy for name, pid in watched.items()}
         sent: dict[str, int] = {}
         for _, pipe in children:
             pipe.send("stop")
@@ -221,9 +272,12 @@ def scenario(
             if not pipe.poll(60):
                 raise RuntimeError("a client process did not report what it sent")
             sent.update(pipe.recv())
-        time.sleep(0.5 + (late_s if late else 0.0))  # the last answers reach the service
+        late_s = max((s.late_s or 0.0) for s in seats)
+        time.sleep(0.5 + late_s)  # the last answers reach the service
         result = _account(service, sent, rounds)
-        result.update(agents=n, late_agents=late, seconds=elapsed, aggregator_peak_kib=peak)
+        result.update(agents=n, late_agents=late, seconds=elapsed, aggregator_peak_kib=peak,
+                      cpu_share=cpu,
+                      brokers_kib={name: rss_kib(pid) for name, pid in pids.items()})  # fmt: skip
         return result
     finally:
         for proc, _ in children:
@@ -232,6 +286,13 @@ def scenario(
                 proc.kill()
         service.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _seats(n: int, port: int, late: int, late_s: float) -> list[Seat]:
+    """``n`` anonymous agents on ``port``, ``late`` of them answering ``late_s`` late."""
+    return [
+        Seat(f"a{i:04d}", port, late_s=late_s if _is_late(i, n, late) else None) for i in range(n)
+    ]
 
 
 def _is_late(i: int, n: int, late: int) -> bool:
@@ -269,12 +330,16 @@ def _account(service: Any, sent: dict[str, int], rounds: int) -> dict[str, Any]:
     history = service.history(0, rounds + 10)
     in_versions = sum(len(r.participants) for r in history)
     latencies = [r.closed_at - r.opened_at for r in history]
-    mismatched = sorted(a for a, s in sent.items() if sum(got["per_agent"].get(a, (0, 0))) != s)
+    # QoS 1 is at least once: a message the broker or a bridge delivers twice is refused
+    # as a duplicate (counted, never applied), so per agent accepted <= sent <= accepted +
+    # rejected, and over the fleet accepted + the refusals other than duplicate == sent
+    mismatched = sorted(a for a, s in sent.items() if not _accounted(got["per_agent"].get(a), s))
     total = sum(sent.values())
+    refused = sum(v for k, v in got["rejected"].items() if k != "duplicate")
     ok = (
         got["version"] == rounds
         and not mismatched
-        and got["accepted"] + sum(got["rejected"].values()) == total
+        and got["accepted"] + refused == total
         and in_versions == got["accepted"]
     )
     reasons: dict[str, int] = {}
@@ -293,6 +358,11 @@ def _account(service: Any, sent: dict[str, int], rounds: int) -> dict[str, Any]:
         "round_latency_p99_s": percentile(latencies, 99),
         "aggregator_kib": rss_kib(os.getpid()),
     }
+
+
+def _accounted(counts: tuple[int, int] | None, sent: int) -> bool:
+    accepted, rejected = counts or (0, 0)
+    return accepted <= sent <= accepted + rejected
 
 
 # --------------------------------------------------------------------------- disk
@@ -375,6 +445,126 @@ def status_flood(port: int, n: int) -> list[dict[str, Any]]:
     return out
 
 
+# --------------------------------------------------------------------------- sites
+
+REPO = Path(__file__).resolve().parents[1]
+MOSQUITTO_DIR = REPO / "deploy" / "mosquitto"
+TLS_PORT, LOOPBACK_PORT = 8883, 1883
+SITE = "site-a"
+
+
+@dataclass(frozen=True)
+class Pair:
+    """The central broker and one site broker bridged to it (the shipped configs)."""
+
+    central: MosquittoBroker
+    site: MosquittoBroker
+    passwords: dict[str, str]  # user -> password, on whichever broker holds the user
+    aggregator_password_file: Path
+
+
+def _password_file(path: Path, users: Mapping[str, str]) -> None:
+    """A Mosquitto password file: plain ``user:password`` lines hashed by mosquitto_passwd."""
+    path.write_text("".join(f"{u}:{pw}\n" for u, pw in users.items()), encoding="utf-8")
+    subprocess.run([find_program("mosquitto_passwd"), "-U", str(path)], check=True, timeout=120)
+
+
+@contextmanager
+def bridged_pair(
+    workdir: Path, central_agents: list[str], site_agents: list[str]
+) -> Iterator[Pair]:
+    """deploy/mosquitto/mosquitto.conf and site.conf on 127.0.0.1, the site's bridge on the
+    central TLS listener (a test CA from deploy/tls/make-test-ca.sh), the shipped ACL on
+    both, one random password per user; agents connect to the loopback listeners."""
+    tls = workdir / "tls"
+    subprocess.run(["bash", str(REPO / "deploy" / "tls" / "make-test-ca.sh"), str(tls)],
+                   check=True, timeout=60, capture_output=True)  # fmt: skip
+    pw = {u: secrets.token_urlsafe(16) for u in
+          ("aggregator", f"bridge-{SITE}", *central_agents, *site_agents)}  # fmt: skip
+    central_users = {u: pw[u] for u in ("aggregator", f"bridge-{SITE}", *central_agents)}
+    _password_file(workdir / "central.passwd", central_users)
+    _password_file(workdir / "site.passwd", {u: pw[u] for u in site_agents})
+    agg_pw = workdir / "aggregator.password"
+    agg_pw.write_text(pw["aggregator"] + "\n", encoding="utf-8")
+    files = {"acl_file": MOSQUITTO_DIR / "acl", "cafile": tls / "ca.crt",
+             "certfile": tls / "server.crt", "keyfile": tls / "server.key"}  # fmt: skip
+    for name in ("central", "site"):
+        (workdir / name / "persistence").mkdir(parents=True)
+    central = MosquittoBroker(
+        workdir / "central", config_file=MOSQUITTO_DIR / "mosquitto.conf",
+        paths={**files, "password_file": workdir / "central.passwd",
+               "persistence_location": Path(f"{workdir / 'central' / 'persistence'}/")},
+    )  # fmt: skip
+    site = MosquittoBroker(
+        workdir / "site", config_file=MOSQUITTO_DIR / "site.conf",
+        paths={**files, "password_file": workdir / "site.passwd", "bridge_cafile": tls / "ca.crt",
+               "persistence_location": Path(f"{workdir / 'site' / 'persistence'}/")},
+        values={"address": f"{HOST}:{central.ports[TLS_PORT]}",
+                "remote_password": pw[f"bridge-{SITE}"]},
+    )  # fmt: skip
+    with central, site:
+        yield Pair(central, site, pw, agg_pw)
+
+
+def sites_main(args: Any) -> int:
+    """``--sites``: ``--agents`` (default 1000) split between the central broker and one
+    bridged site broker, against ``--baseline-agents`` (default 200) on the central
+    broker alone, in the same run."""
+    n = args.agents or (100 if args.quick else 1000)
+    base = args.baseline_agents or (40 if args.quick else 200)
+    rounds = args.rounds or (5 if args.quick else 20)
+    emit(BENCH, {"environment": environment()})
+    try:
+        find_program("mosquitto")
+        find_program("mosquitto_passwd")
+        find_program("openssl")
+    except FileNotFoundError as exc:
+        emit(BENCH, {"skipped": str(exc)})
+        return 0
+    names = [f"a{i:04d}" for i in range(n)]
+    central_agents, site_agents = names[: n // 2], names[n // 2 :]
+    workdir = Path(tempfile.mkdtemp(prefix="cat-edge-sites-"))
+    try:
+        with bridged_pair(workdir, central_agents, site_agents) as pair:
+            assert pair.central.pid is not None and pair.site.pid is not None
+            central_port = pair.central.ports[LOOPBACK_PORT]
+            site_port = pair.site.ports[LOOPBACK_PORT]
+            url = f"mqtt://{HOST}:{central_port}"
+            creds = {"mqtt_username": "aggregator",
+                     "mqtt_password_file": pair.aggregator_password_file}  # fmt: skip
+            pids = {"central_broker": pair.central.pid, "site_broker": pair.site.pid}
+
+            def seat(agent: str, port: int) -> Seat:
+                return Seat(agent, port, pair.passwords[agent])
+
+            one = [seat(a, central_port) for a in central_agents[:base]]
+            if len(one) < base:  # a baseline bigger than half the fleet
+                raise SystemExit(f"--baseline-agents {base} > half of --agents {n}; lower it")
+            two = [seat(a, central_port) for a in central_agents]
+            two += [seat(a, site_port) for a in site_agents]
+            common = {"rounds": rounds, "deadline_s": args.deadline, "pids": pids, **creds}
+            small = scenario(one, url, procs=min(args.procs, base), **common)
+            big = scenario(two, url, procs=args.procs, **common)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    emit(BENCH, {
+        "scenario": "sites",
+        "rounds": rounds,
+        "deadline_s": args.deadline,
+        "ok": big["ok"] and small["ok"],
+        "fleet": {**big, "layout": f"{len(central_agents)} on the central broker, "
+                                   f"{len(site_agents)} on the site broker (bridged)"},
+        "baseline": {**small, "layout": f"{base} on the central broker"},
+        "ratio": {
+            "agents": n / base,
+            "round_latency_p50": _ratio(big, small, "round_latency_p50_s"),
+            "round_latency_p99": _ratio(big, small, "round_latency_p99_s"),
+            "aggregator_rss": big["aggregator_kib"]["VmRSS"] / small["aggregator_kib"]["VmRSS"],
+        },
+    })  # fmt: skip
+    return 0
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -387,7 +577,10 @@ def main() -> int:
     p.add_argument("--late-fraction", type=float, default=0.1, help="late agents (0.1)")
     p.add_argument("--deadline", type=float, default=0.5, help="AGG_ROUND_DEADLINE_S")
     p.add_argument("--status-flood", type=int, default=None, help="measure the disk instead")
+    p.add_argument("--sites", action="store_true", help="bridged brokers instead (see above)")
     args = p.parse_args()
+    if args.sites:
+        return sites_main(args)
     if args.status_flood is not None:
         emit(BENCH, {"environment": environment()})
         options = {"max_queued_messages": 0}  # the flood must reach the service whole
@@ -405,16 +598,16 @@ def main() -> int:
         emit(BENCH, {"skipped": str(exc)})
         return 0
     with broker:
-        assert broker._proc is not None
-        broker_pid = broker._proc.pid
+        assert broker.pid is not None
+        broker_pid = broker.pid
         port = next(iter(broker.ports.values()))
         for name, fraction in (("on_time", 0.0), ("late", args.late_fraction)):
             runs = {}
             for size in (base, n):
-                late = round(fraction * size)
+                seats = _seats(size, port, round(fraction * size), args.deadline + LATE_EXTRA_S)
                 runs[size] = scenario(
-                    port, size, rounds=rounds, procs=min(args.procs, size), late=late,
-                    deadline_s=args.deadline,
+                    seats, broker.url, rounds=rounds, procs=min(args.procs, size),
+                    deadline_s=args.deadline, pids={"broker": broker_pid},
                 )  # fmt: skip
                 runs[size]["broker_kib"] = rss_kib(broker_pid)
             big, small = runs[n], runs[base]

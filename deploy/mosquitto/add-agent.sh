@@ -5,6 +5,7 @@
 # Usage:
 #   deploy/mosquitto/add-agent.sh [options] AGENT_ID
 #   deploy/mosquitto/add-agent.sh [options] --aggregator
+#   deploy/mosquitto/add-agent.sh [options] --bridge SITE
 #
 # Options:
 #   -f, --password-file PATH  Mosquitto password file (default
@@ -13,6 +14,10 @@
 #                             ./AGENT_ID.mqtt-password, mode 0600; never overwritten)
 #       --aggregator          create the `aggregator` user (reserved: the ACL gives
 #                             it the aggregator's rights, so no device may have it)
+#       --bridge SITE         create user `bridge-SITE` on the CENTRAL broker: the
+#                             remote_username of site SITE's bridge (deploy/mosquitto/
+#                             site.conf; its ACL block in deploy/mosquitto/acl). Names
+#                             starting with `bridge-` are reserved for bridges
 #   -h, --help                this text
 #
 # The user name IS the agent id: the ACL (deploy/mosquitto/acl) lets user pi-01 write
@@ -32,6 +37,7 @@ set -euo pipefail
 
 readonly ID_RE='^[A-Za-z0-9._-]{1,64}$'
 readonly RESERVED="aggregator"
+readonly BRIDGE_PREFIX="bridge-"
 
 usage() {
     sed -n '2,/^set -euo/p' "$0" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//'
@@ -52,6 +58,7 @@ password_file="/etc/mosquitto/cat-edge/passwd"
 secret_out=""
 user=""
 aggregator=0
+bridge=""
 
 while (($# > 0)); do
     case "$1" in
@@ -69,6 +76,11 @@ while (($# > 0)); do
             aggregator=1
             shift
             ;;
+        --bridge)
+            [[ $# -ge 2 && -n "$2" ]] || die "$1 needs a site name"
+            bridge="$2"
+            shift 2
+            ;;
         -h | --help)
             usage
             exit 0
@@ -84,13 +96,20 @@ while (($# > 0)); do
     esac
 done
 
-if ((aggregator)); then
+if ((aggregator)) && [[ -n "$bridge" ]]; then
+    usage_error "give --aggregator or --bridge, not both"
+elif ((aggregator)); then
     [[ -z "$user" || "$user" == "$RESERVED" ]] || usage_error "--aggregator creates user '$RESERVED'; do not give an AGENT_ID"
     user="$RESERVED"
+elif [[ -n "$bridge" ]]; then
+    [[ -z "$user" ]] || usage_error "--bridge creates user '$BRIDGE_PREFIX$bridge'; do not give an AGENT_ID"
+    user="$BRIDGE_PREFIX$bridge"
+    [[ "$user" =~ $ID_RE ]] || usage_error "invalid site name '$bridge': '$user' must be 1 to 64 characters from A-Z a-z 0-9 . _ -"
 else
     [[ -n "$user" ]] || usage_error "missing AGENT_ID (see --help)"
     [[ "$user" =~ $ID_RE ]] || usage_error "invalid agent id '$user': use 1 to 64 characters from A-Z a-z 0-9 . _ -"
     [[ "$user" != "$RESERVED" ]] || usage_error "'$RESERVED' is reserved for the aggregator; use --aggregator to create it"
+    [[ "$user" != "$BRIDGE_PREFIX"* ]] || usage_error "'$user': names starting with '$BRIDGE_PREFIX' are reserved for site bridges; use --bridge SITE"
 fi
 
 passwd_bin="$(PATH="$PATH:/usr/sbin:/usr/local/sbin" command -v mosquitto_passwd || true)"

@@ -25,7 +25,10 @@ Options (query string or keyword): ``timeout_s`` (connect/subscribe wait, defaul
 default password, ever), and for ``mqtts``: ``ca_file``, ``cert_file``, ``key_file``,
 ``tls_insecure`` (skip host-name check only; default false), ``max_packet_bytes`` (the
 broker's packet size limit when known, e.g. 4194304 for the shipped Mosquitto: a larger
-message is refused before it is sent; default 0, unknown).
+message is refused before it is sent; default 0, unknown), ``share`` (a group name: every
+subscription goes through ``$share/<group>/<pattern>``, a shared subscription, so the
+broker hands each message to one member of the group; topics, ACL and the messages' topic
+names are unchanged; for the aggregator on a broker cluster, docs/scaling.md; default none).
 
 A message the broker disconnects on for its size is found after three losses in a row,
 dropped, counted in ``stats.dropped`` and logged once as an ERROR, instead of being re-sent
@@ -97,6 +100,7 @@ class MqttTransport(Transport):
         max_inflight = opts.get_int("max_inflight", 20, minimum=1)
         self._max_packet_bytes = opts.get_int("max_packet_bytes", 0)
         clean_session = opts.get_bool("clean_session", False)
+        self._share = self._share_group(opts)
         username = opts.get_str("username")
         self._password_option = "password_file"  # the option to name when the broker refuses
         password = self._read_password(opts)
@@ -182,6 +186,20 @@ class MqttTransport(Transport):
             return value
         return password
 
+    def _share_group(self, opts: OptionReader) -> str | None:
+        """The ``share`` option: a shared-subscription group name (one topic level)."""
+        group = opts.get_str("share")
+        if group is not None:
+            try:
+                topics.validate_id(group, "share group")
+            except ValueError as exc:
+                raise TransportError(f"{self.url}: option share: {exc}") from None
+        return group
+
+    def _on_wire(self, pattern: str) -> str:
+        """The filter sent to the broker: ``pattern`` itself, or through the share group."""
+        return pattern if self._share is None else f"$share/{self._share}/{pattern}"
+
     def _tls_context(self, opts: OptionReader) -> ssl.SSLContext:
         ca_file = opts.get_str("ca_file")
         cert_file = opts.get_str("cert_file")
@@ -234,7 +252,7 @@ class MqttTransport(Transport):
             self._count("reconnects")
             log.info("%s: reconnected (session present: %s)", self.url, flags.session_present)
         if patterns:
-            client.subscribe([(p, QOS) for p in patterns])
+            client.subscribe([(self._on_wire(p), QOS) for p in patterns])
 
     def _on_disconnect(
         self,
@@ -484,7 +502,7 @@ class MqttTransport(Transport):
             connected = self._connected
         if not connected:
             return  # on_connect subscribes
-        rc, mid = self._client.subscribe(pattern, qos=QOS)
+        rc, mid = self._client.subscribe(self._on_wire(pattern), qos=QOS)
         if rc != MQTTErrorCode.MQTT_ERR_SUCCESS or mid is None:
             return  # connection just dropped; on_connect re-subscribes
         with self._cond:

@@ -111,6 +111,19 @@ def test_render_config_moves_every_listener_to_loopback_and_sets_paths() -> None
     assert out[5].startswith("user ") and len(out) == 6
 
 
+def test_render_config_sets_values_such_as_a_bridge_address() -> None:
+    shipped = "listener 1883\nconnection central\naddress central.example.org:8883\n"
+    out = render_config(
+        shipped, ports={1883: 40000}, paths={}, values={"address": f"{HOST}:40001"}
+    ).splitlines()
+    assert out[1:3] == ["connection central", f"address {HOST}:40001"]
+
+
+def test_render_config_refuses_a_value_it_cannot_find() -> None:
+    with pytest.raises(ValueError, match=r"'remote_password': 0"):
+        render_config("listener 1883\n", ports={1883: 1}, paths={}, values={"remote_password": "x"})
+
+
 @pytest.mark.parametrize(
     ("text", "match"),
     [
