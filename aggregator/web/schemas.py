@@ -366,9 +366,10 @@ class HistoryOut(_Out):
 
 class HealthOut(_Out):
     """``ok`` (200); ``degraded`` (503): a transport is down, agents on it cannot reach the
-    job; ``unavailable`` (503): the ingest thread stopped. ``detail`` says which and why."""
+    job; ``unavailable`` (503): the ingest thread stopped; ``standby`` (503): waiting for the
+    aggregator holding the data directory to end (``AGG_STANDBY``). ``detail`` says why."""
 
-    status: Literal["ok", "degraded", "unavailable"]
+    status: Literal["ok", "degraded", "unavailable", "standby"]
     detail: str = ""
     transports: list[TransportOut] = Field(default_factory=list)
 
