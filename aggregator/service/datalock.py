@@ -6,10 +6,13 @@ takes an exclusive ``flock`` on the lock file (without waiting) and writes the h
 it: ``{"pid": ..., "host": ..., "started": "<ISO 8601 UTC>"}``. The kernel holds the lock
 for as long as the descriptor is open, so it ends with the process however the process
 ends (SIGKILL and power loss included: a stale file never blocks a restart). A second
-aggregator fails at once with :class:`DataDirInUse` naming the holder.
+aggregator fails at once with :class:`DataDirInUse` naming the holder, unless it is a
+standby (``AGG_STANDBY=true``): :meth:`DataDirLock.wait` then polls the lock every
+``poll_s`` seconds until the holder is gone (a take-over) or it is told to stop.
 
 The descriptor is close-on-exec, so a child process never inherits the lock. ``flock`` is
-advisory and local: on a network file system the lock may not be seen by another host.
+advisory: a standby on another host needs a shared file system whose locks work across
+hosts (NFSv4, or NFSv3 with lockd); docs/standby.md lists what works.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import fcntl
 import json
 import os
 import socket
+import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
@@ -30,7 +35,12 @@ _HOLDER_MAX: Final = 4096
 
 
 class DataDirInUse(CatEdgeError):
-    """Another process holds the data directory's lock; the message names it."""
+    """Another process holds the data directory's lock; the message names it and ``holder``
+    says who (``pid P on host H since T``)."""
+
+    def __init__(self, message: str, holder: str) -> None:
+        super().__init__(message)
+        self.holder = holder
 
 
 def _holder(fd: int) -> str:
@@ -64,7 +74,9 @@ class DataDirLock:
             os.close(fd)
             raise DataDirInUse(
                 f"AGG_DATA_DIR={data_dir} is in use by another aggregator ({holder}; lock "
-                f"file {path}); stop that one first, or give this one its own AGG_DATA_DIR"
+                f"file {path}); stop that one first, give this one its own AGG_DATA_DIR, "
+                "or set AGG_STANDBY=true to take over when it ends",
+                holder,
             ) from None
         except BaseException:
             os.close(fd)
@@ -74,6 +86,29 @@ class DataDirLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
         return cls(fd, path)
+
+    @classmethod
+    def wait(
+        cls,
+        data_dir: Path,
+        stop: threading.Event,
+        *,
+        poll_s: float = 0.2,
+        on_busy: Callable[[DataDirInUse], None] | None = None,
+    ) -> DataDirLock | None:
+        """:meth:`acquire`, retried every ``poll_s`` seconds while another process holds
+        the lock; ``on_busy(exc)`` once, at the first refusal. None if ``stop`` is set
+        first (the lock is then not held)."""
+        told = False
+        while not stop.is_set():
+            try:
+                return cls.acquire(data_dir)
+            except DataDirInUse as exc:
+                if not told and on_busy is not None:
+                    on_busy(exc)
+                told = True
+            stop.wait(poll_s)
+        return None
 
     @property
     def held(self) -> bool:

@@ -199,11 +199,13 @@ class AggregatorService:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self) -> None:
-        """Recover, connect every transport, re-broadcast the model, start the threads."""
+    def start(self, data_lock: DataDirLock | None = None) -> None:
+        """Recover, connect every transport, re-broadcast the model, start the threads.
+        ``data_lock``: the data directory's lock already taken (a standby's take-over);
+        else it is acquired here (DataDirInUse if another aggregator holds it)."""
         s = self.settings
         cfg = s.engine_config()
-        self._data_lock = DataDirLock.acquire(s.data_dir)
+        self._data_lock = data_lock if data_lock is not None else DataDirLock.acquire(s.data_dir)
         try:
             self._store = Store(s.data_dir)
             recovery = recover(

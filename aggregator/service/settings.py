@@ -190,6 +190,14 @@ class Settings(BaseSettings):
     )
     data_dir: Path = Field(Path("aggregator-data"), description="SQLite history + checkpoints.")
     eval_data: Path | None = Field(None, description="Dataset file for loss/accuracy.")
+    standby: bool = Field(
+        False,
+        description="Wait for the aggregator holding AGG_DATA_DIR to die, then take over "
+        "(docs/standby.md); false: exit 2 naming the holder.",
+    )
+    standby_poll_s: float = Field(
+        0.2, gt=0, le=10.0, description="Seconds between a standby's tries for the lock."
+    )
     # --- HTTP
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)

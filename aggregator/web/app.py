@@ -34,7 +34,7 @@ from aggregator.engine.types import AgentInfo
 from aggregator.service.ingest import AggregatorService
 from aggregator.service.settings import Settings, load_settings
 from aggregator.web.agent_metrics import agent_samples, max_agents_from
-from aggregator.web.deps import ControlAuth, MetricsDep, ServiceDep
+from aggregator.web.deps import ControlAuth, MetricsDep, ServiceDep, get_service
 from aggregator.web.metrics import CONTENT_TYPE, AggregatorMetrics
 from aggregator.web.schemas import (
     AgentOut,
@@ -45,7 +45,7 @@ from aggregator.web.schemas import (
     StatusOut,
     TransportOut,
 )
-from aggregator.web.startup import Started, start_from_environment
+from aggregator.web.startup import Standby, Started, start_from_environment
 from edge_agent.links.cost import ZERO
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -154,9 +154,21 @@ def get_metrics(metrics: MetricsDep) -> Response:
     "/healthz",
     tags=["ops"],
     summary="200 while ingest runs and every transport is connected, else 503 and why",
-    responses={503: {"model": HealthOut, "description": "Ingest stopped or a transport is down"}},
+    responses={
+        503: {
+            "model": HealthOut,
+            "description": "Ingest stopped, a transport is down, or a standby waiting",
+        }
+    },
 )
-def healthz(service: ServiceDep, response: Response) -> HealthOut:
+def healthz(request: Request, response: Response) -> HealthOut:
+    standby: Standby | None = request.app.state.standby
+    if standby is not None and standby.waiting:
+        response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+        return HealthOut(
+            status="standby", detail=f"standing by: AGG_DATA_DIR held by {standby.holder}"
+        )
+    service = get_service(request)
     transports = [TransportOut(url=u, connected=c) for u, c in service.transports()]
     down = [t.url for t in transports if not t.connected]
     if not service.healthy:
@@ -244,8 +256,25 @@ def create_app(settings: Settings | None = None, *, started: Started | None = No
     ``started``: serve that running service (its settings win) and stop it on shutdown."""
     metrics = started.metrics if started is not None else AggregatorMetrics()
 
+    def serve(app: FastAPI, service: AggregatorService) -> None:
+        metrics.bind(service.metrics_snapshot, agents=lambda: service.read(agent_samples))
+        app.state.service = service
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if started is not None and started.standby is not None:
+            # serve /healthz (503 standby) while waiting for the data directory's lock
+            standby = started.standby
+            app.state.settings, app.state.standby = started.settings, standby
+            standby.begin(lambda service: serve(app, service))
+            try:
+                yield
+            finally:
+                await run_in_threadpool(standby.cancel)
+                metrics.bind(None)
+                app.state.service = None
+                await run_in_threadpool(standby.service.stop)
+            return
         if started is not None:
             resolved, service = started.settings, started.service
         else:
@@ -253,9 +282,8 @@ def create_app(settings: Settings | None = None, *, started: Started | None = No
             metrics.agents.max_agents = max_agents_from(os.environ)
             service = AggregatorService(resolved, observer=metrics.observe_round)
             await run_in_threadpool(service.start)
-        metrics.bind(service.metrics_snapshot, agents=lambda: service.read(agent_samples))
         app.state.settings = resolved
-        app.state.service = service
+        serve(app, service)
         try:
             yield
         finally:
@@ -273,6 +301,7 @@ def create_app(settings: Settings | None = None, *, started: Started | None = No
     app.state.metrics = metrics
     app.state.settings = None
     app.state.service = None
+    app.state.standby = None
     app.include_router(router)
     app.include_router(control_router)
     if STATIC_DIR.is_dir():

@@ -7,7 +7,9 @@ Both directions: ``totals``/``dense_equivalent`` are the uplink (accepted update
 before), ``downlink`` what the agents received (everything published while they were live,
 priced on each one's downlink profile), ``total`` their sum; the ``*_downlink``/``*_total``
 dense baselines send every committed version as a dense float32 model change to every live
-agent (None when unknown: the service resumed the job past version 0).
+agent (None when unknown: the service resumed the job past version 0). ``sent_total`` is
+what the agents' radios actually sent (every message, re-sends and refused ones included),
+``received_total`` what they received, ``sent_and_received_total`` both.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from aggregator.engine.accounting import RoundRecord, Spend
 from aggregator.engine.downlink.pacing import Hold
 from aggregator.engine.rounds import AgentInfo, RoundEngine
-from edge_agent.links.cost import Cost
+from edge_agent.links.cost import ZERO, Cost
 
 
 class _Out(BaseModel):
@@ -188,6 +190,19 @@ class StatusOut(_Out):
     dense_equivalent_total: LinkCost | None = Field(
         description="dense_equivalent + dense_equivalent_downlink (None when unknown)."
     )
+    sent_total: LinkCost = Field(
+        description="Every message the agents sent that reached the aggregator once they "
+        "were known (hellos, status, requests, refused and duplicate re-sends as well as the "
+        "accepted updates), priced on each one's uplink: what their radios spent sending "
+        "(the sum of /agents `sent`); `totals` is the accepted updates only."
+    )
+    received_total: LinkCost = Field(
+        description="Every message the agents received (the same as `downlink`, named to "
+        "pair with `sent_total`)."
+    )
+    sent_and_received_total: LinkCost = Field(
+        description="sent_total + received_total: what the agents spent, both directions."
+    )
     transports: list[TransportOut]
     recovered_from: str
 
@@ -202,6 +217,7 @@ class StatusOut(_Out):
         now: float | None = None,
     ) -> StatusOut:
         up, down = e.totals.actual, e.totals_down
+        sent = sum((a.sent for a in e.agents.values()), ZERO)
         hold = None if now is None else e.hold(now)
         return cls(
             job=e.config.job,
@@ -228,6 +244,9 @@ class StatusOut(_Out):
             total=LinkCost.of(up + down),
             dense_equivalent_downlink=LinkCost.maybe(dense_down),
             dense_equivalent_total=LinkCost.maybe(_plus(e.totals.dense, dense_down)),
+            sent_total=LinkCost.of(sent),
+            received_total=LinkCost.of(down),
+            sent_and_received_total=LinkCost.of(sent + down),
             transports=[TransportOut(url=u, connected=c) for u, c in transports],
             recovered_from=recovered_from,
         )
@@ -366,9 +385,10 @@ class HistoryOut(_Out):
 
 class HealthOut(_Out):
     """``ok`` (200); ``degraded`` (503): a transport is down, agents on it cannot reach the
-    job; ``unavailable`` (503): the ingest thread stopped. ``detail`` says which and why."""
+    job; ``unavailable`` (503): the ingest thread stopped; ``standby`` (503): waiting for the
+    aggregator holding the data directory to end (``AGG_STANDBY``). ``detail`` says why."""
 
-    status: Literal["ok", "degraded", "unavailable"]
+    status: Literal["ok", "degraded", "unavailable", "standby"]
     detail: str = ""
     transports: list[TransportOut] = Field(default_factory=list)
 

@@ -21,16 +21,24 @@ process (SystemExit) with:
 
 Nothing is written to the data directory before the settings are valid: the store is opened
 only by :meth:`AggregatorService.start`, after every check here.
+
+A standby (``AGG_STANDBY=true``) that finds the data directory held does not exit: it
+logs one INFO line naming the holder and returns a :class:`Started` whose ``standby``
+waits for the lock (:class:`Standby`, begun by the app's lifespan, so ``/healthz`` answers
+503 ``standby`` meanwhile) and starts the service when the holder is gone. A take-over that
+fails ends the process with the same one line and exit code as a failed start.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from aggregator.service.datalock import DataDirInUse, DataDirLock
 from aggregator.service.ingest import AggregatorService
 from aggregator.service.logs import configure_service, log_options
 from aggregator.service.settings import (
@@ -51,13 +59,57 @@ EXIT_CONFIG = 2
 EXIT_RETRY = 1
 
 
+class Standby:
+    """A service not started yet: :meth:`begin` waits (in a thread) for the data directory's
+    lock, starts the service with it and calls ``on_started``; :meth:`cancel` gives up."""
+
+    def __init__(self, service: AggregatorService, holder: str) -> None:
+        self.service = service
+        self.holder = holder  # who held the lock when this one began to wait
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def waiting(self) -> bool:
+        """True until the service has started (or the wait was cancelled)."""
+        return self._thread is None or self._thread.is_alive()
+
+    def begin(self, on_started: Callable[[AggregatorService], None]) -> None:
+        self._thread = threading.Thread(
+            target=self._take_over, args=(on_started,), name="standby", daemon=True
+        )
+        self._thread.start()
+
+    def _take_over(self, on_started: Callable[[AggregatorService], None]) -> None:
+        s = self.service.settings
+        lock = DataDirLock.wait(s.data_dir, self._stop, poll_s=s.standby_poll_s)
+        if lock is None:
+            return
+        log.info("standby: AGG_DATA_DIR=%s is free (was %s); taking over", s.data_dir, self.holder)
+        try:
+            _start(self.service, lock)
+        except SystemExit as exc:  # logged in one line already; no thread can end uvicorn
+            lock.release()
+            logging.shutdown()
+            os._exit(exc.code if isinstance(exc.code, int) else EXIT_CONFIG)
+        on_started(self.service)
+
+    def cancel(self, timeout_s: float = 10.0) -> None:
+        """Stop waiting (a take-over under way finishes first)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+
 @dataclass(frozen=True)
 class Started:
-    """A service already started, with its settings and the metrics it reports to."""
+    """A service already started, with its settings and the metrics it reports to; or,
+    with ``standby``, one that starts when the aggregator holding its data directory ends."""
 
     settings: Settings
     service: AggregatorService
     metrics: AggregatorMetrics
+    standby: Standby | None = None
 
 
 def exit_code(exc: BaseException) -> int:
@@ -135,9 +187,26 @@ def start_from_environment(
         fail(exc)
     service = AggregatorService(settings, observer=metrics.observe_round)
     try:
-        service.start()
+        _start(service)
+    except DataDirInUse as exc:
+        if not settings.standby:
+            fail(exc)
+        log.info(
+            "standby: AGG_DATA_DIR=%s is held by %s; this aggregator takes over when it ends",
+            settings.data_dir,
+            exc.holder,
+        )
+        return Started(settings, service, metrics, Standby(service, exc.holder))
+    return Started(settings, service, metrics)
+
+
+def _start(service: AggregatorService, lock: DataDirLock | None = None) -> None:
+    """``service.start(lock)``; a failure other than DataDirInUse as :func:`fail`."""
+    try:
+        service.start(lock)
+    except DataDirInUse:
+        raise
     except CatEdgeError as exc:
         fail(exc)
     except OSError as exc:  # the store: a data directory it cannot create or write
-        fail(exc, f"check AGG_DATA_DIR={settings.data_dir} (it must be writable)")
-    return Started(settings, service, metrics)
+        fail(exc, f"check AGG_DATA_DIR={service.settings.data_dir} (it must be writable)")

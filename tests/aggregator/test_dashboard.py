@@ -377,3 +377,17 @@ def test_dom_shows_uplink_downlink_and_total_against_dense(
         assert re.search(r"dense .* (less|more)$", cells["bytes"].strip()), (row, cells["bytes"])
     body = html[html.index('<tbody id="agents-body">') :]
     assert body.count('title="received:') == len(live_job.agents)  # the downlink column
+
+
+@pytest.mark.integration  # uvicorn on a real port and headless Chromium
+def test_dom_shows_what_the_agents_sent_and_received(live_job: LiveJob, tmp_path: Path) -> None:
+    html = chromium(live_job.url, tmp_path / "profile", "--dump-dom").stdout.decode()
+    status = httpx.get(live_job.url + "status", timeout=5).json()
+    assert status["sent_total"]["messages"] > status["totals"]["updates"]  # hellos at least
+    for row in ("sent", "sent_and_received"):
+        cells = _cells(html, row)
+        assert set(cells) == {"messages", "bytes", "packets", "airtime_s", "energy_j"}
+        assert re.search(r"\d+(\.\d+)? [kMG]?B", cells["bytes"]), (row, cells["bytes"])
+        assert "dense" not in cells["bytes"], (row, cells["bytes"])  # no baseline for these
+    # the job is finished: the page shows what /status says
+    assert _cells(html, "sent")["messages"].strip() == f"{status['sent_total']['messages']:,}"

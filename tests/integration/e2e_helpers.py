@@ -244,6 +244,21 @@ class Fleet:
         self.agents.append(agent)
         return agent
 
+    def start_all(
+        self, problem: Problem, *, server: str, job: str, feedback: FeedbackName, resend_s: float
+    ) -> None:
+        """One agent per shard of ``problem``, agent ``i`` on shard ``i``."""
+        for i, shard in enumerate(problem.shards):
+            self.start_agent(
+                server=server,
+                job=job,
+                index=i,
+                shard=shard,
+                features=problem.features,
+                feedback=feedback,
+                resend_s=resend_s,
+            )
+
     def check_running(self) -> None:
         """AssertionError if an agent already exited (the job is not finished yet)."""
         for a in self.agents:

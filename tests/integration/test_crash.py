@@ -82,16 +82,7 @@ def test_aggregator_recovers_from_sigkill_and_the_agents_carry_on(
     fleet = Fleet(tmp_path)
     with running(agg, fleet):
         agg.start()
-        for i, shard in enumerate(problem.shards):
-            fleet.start_agent(
-                server=url,
-                job="crash",
-                index=i,
-                shard=shard,
-                features=problem.features,
-                feedback=feedback,
-                resend_s=2,
-            )
+        fleet.start_all(problem, server=url, job="crash", feedback=feedback, resend_s=2)
         wait_until(
             lambda: agg.status()["round"] >= KILL_AT,
             30,

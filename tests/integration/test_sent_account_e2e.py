@@ -6,6 +6,7 @@ three real :class:`~edge_agent.agent.loop.Agent` loops (agent-0 on a LoRaWAN pro
 a few versions, so besides its hello, updates and goodbye it also sends requests (version
 gap) and re-sends that are refused as duplicates: the aggregator's ``sent`` account prices
 all of them on the profile's uplink, while ``spend`` keeps the accepted updates only.
+``/status`` ``sent_total`` is the sum over the agents and equals the sum of their ledgers.
 
 Also checked here: every message the service handed to its transport is counted by kind in
 ``/metrics`` (``cat_published_messages_total{kind}``, ``cat_published_bytes_total{kind}``).
@@ -33,6 +34,7 @@ from e2e_helpers import (
 
 from aggregator.engine.downlink.outbound import PUBLISHED_KINDS
 from aggregator.service.ingest import AggregatorService
+from aggregator.web.app import get_status
 from aggregator.web.metrics import AggregatorMetrics
 from edge_agent.agent.loop import AgentConfig
 from edge_agent.links.profiles import resolve_profile
@@ -160,6 +162,27 @@ def test_the_aggregators_sent_account_equals_the_lorawan_agents_ledger(
     assert info.sent.energy_j == pytest.approx(ledger.energy_j, rel=1e-9)
     assert info.sent.airtime_s > info.spend.actual.airtime_s > 0  # more than the accepted
     assert info.spend.actual.messages == info.accepted < ledger.messages
+
+    # /status: sent_total sums every agent's account, re-sends included, beyond `totals`
+    wait_until(
+        lambda: service.read(lambda e: [e.agents[a.agent.config.agent_id].sent.messages
+                                        for a in agents])
+        == [a.agent.ledger.up.messages for a in agents],
+        5.0,
+        "every goodbye to reach the aggregator",
+    )  # fmt: skip
+    status = get_status(service)
+    ledgers = [a.agent.ledger.up for a in agents]
+    assert status.sent_total.messages == sum(u.messages for u in ledgers)
+    assert status.sent_total.bytes == sum(u.bytes for u in ledgers)
+    assert status.sent_total.packets == sum(u.packets for u in ledgers)
+    assert status.sent_total.airtime_s == pytest.approx(sum(u.airtime_s for u in ledgers))
+    assert status.sent_total.energy_j == pytest.approx(sum(u.energy_j for u in ledgers))
+    assert status.sent_total.bytes > status.totals.bytes > 0  # more than the accepted
+    assert status.received_total == status.downlink
+    both = status.sent_and_received_total
+    assert both.messages == status.sent_total.messages + status.received_total.messages
+    assert both.bytes == status.sent_total.bytes + status.received_total.bytes
 
     # every message the service published, counted by kind in /metrics
     metrics = AggregatorMetrics()

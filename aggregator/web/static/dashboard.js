@@ -4,7 +4,8 @@
  * GET /history?since=<last version seen> for the new rounds only (paged by HISTORY_PAGE).
  * Per-round costs from /history are summed here into cumulative costs, actual and dense.
  * The summary shows the uplink (KPIs and the first row), the downlink and their total from
- * /status, each against its dense float32 baseline when the aggregator knows it.
+ * /status, each against its dense float32 baseline when the aggregator knows it, then what
+ * the agents actually sent (re-sends included) and that plus what they received.
  * Fetch errors show the "disconnected" banner and retry with a capped exponential backoff.
  *
  * Everything that comes from the network is written with textContent, never innerHTML:
@@ -647,14 +648,49 @@
   const DIRECTION_FMT = { messages: fmtCount, bytes: (v) => si(v, "B"), ...Object.fromEntries(
     ["packets", "airtime_s", "energy_j"].map((k) => [k, METRICS[k].fmt])) };
 
-  /** Uplink, downlink and total, each against its dense float32 baseline when known. */
+  /** The rows of what the agents actually sent (re-sends included) and both directions,
+   *  added under the accepted spend once (static/index.html has the accepted rows only). */
+  const SENT_ROWS = [
+    ["sent", "Uplink, all sent", "every message the agents sent, re-sends and refused ones included (/status sent_total)"],
+    ["sent_and_received", "All sent + received", "what the agents' radios spent, both directions (/status sent_and_received_total)"],
+  ];
+
+  function ensureSentRows(body) {
+    for (const [dir, label, title] of SENT_ROWS) {
+      if (body.querySelector(`tr[data-dir="${dir}"]`)) continue;
+      const tr = document.createElement("tr");
+      tr.dataset.dir = dir;
+      tr.className = "dir-sent";
+      const th = document.createElement("th");
+      th.scope = "row";
+      th.textContent = label;
+      th.title = title;
+      tr.append(th);
+      for (const k of Object.keys(DIRECTION_FMT)) {
+        const td = document.createElement("td");
+        td.className = "num";
+        td.dataset.metric = k;
+        td.textContent = "–";
+        tr.append(td);
+      }
+      body.append(tr);
+    }
+  }
+
+  /** Uplink, downlink and total, each against its dense float32 baseline when known; then
+   *  everything the agents sent (re-sends included) and that plus what they received. */
   function renderDirections(s) {
     const rows = {
       up: [costOf(s.totals), costOf(s.dense_equivalent)],
       down: [s.downlink, s.dense_equivalent_downlink],
       total: [s.total, s.dense_equivalent_total],
+      sent: [s.sent_total, undefined],
+      sent_and_received: [s.sent_and_received_total, undefined],
     };
+    const body = document.getElementById("directions-body");
+    if (body) ensureSentRows(body);
     for (const tr of document.querySelectorAll("#directions-body tr")) {
+      const baseline = tr.dataset.dir in { up: 1, down: 1, total: 1 };
       const [actual, dense] = rows[tr.dataset.dir] || [];
       for (const td of tr.querySelectorAll("td")) {
         const k = td.dataset.metric;
@@ -668,7 +704,7 @@
         if (k !== "messages" && isNum(d)) {
           const saving = savingText(a, d);
           vs.textContent = `dense ${DIRECTION_FMT[k](d)}${saving ? ` · ${saving.replace(" than dense", "")}` : ""}`;
-        } else if (k !== "messages" && tr.dataset.dir !== "up" && actual) {
+        } else if (k !== "messages" && baseline && tr.dataset.dir !== "up" && actual) {
           vs.textContent = "dense: unknown";
           vs.title = "the dense downlink baseline is kept in memory: unknown after the aggregator resumed the job";
         }
