@@ -7,7 +7,8 @@ is selection + compression + encoding <= gradient time, peak RSS <= 60 MB; the g
 
     python benchmarks/agent_footprint.py [--rounds 200] [--rows 2000]
 
-Prints one JSON line per policy/profile case.
+Prints the baseline, one line of the VmHWM after each start-up import step (`"stage":
+"imports"`), then one JSON line per policy/profile case.
 """
 
 from __future__ import annotations
@@ -42,6 +43,35 @@ def bare_numpy_rss_mb() -> float:
             [sys.executable, "-c", code], capture_output=True, text=True, check=True
         ).stdout
     )
+
+
+#: What a fresh process imports, step by step, before `edge-agent run` reads its data: the
+#: CLI, the ZeroMQ transport, the agent loop (with the wire format, the numerics, the
+#: messages and the job settings), then its first profile parse (the pydantic validators).
+IMPORT_STEPS: tuple[tuple[str, str], ...] = (
+    ("numpy", "import numpy"),
+    ("cli", "import edge_agent.cli.commands"),
+    ("zmq_transport", "import edge_agent.transports.zmq"),
+    ("agent_loop", "import edge_agent.agent.loop, edge_agent.data"),
+    ("profile_parsed", "edge_agent.links.profiles.resolve_profile('lorawan_eu868_dr5_sf7')"),
+)
+
+
+def import_steps_mb() -> dict[str, float]:
+    """VmHWM (MB) of one fresh interpreter after each of IMPORT_STEPS, in order."""
+    code = "import json, pathlib\nout = {}\n"
+    for name, stmt in IMPORT_STEPS:
+        code += (
+            f"{stmt}\nout[{name!r}] = round(next(int(l.split()[1]) / 1024 for l in "
+            "pathlib.Path('/proc/self/status').read_text().splitlines() "
+            "if l.startswith('VmHWM:')), 1)\n"
+        )
+    code += "print(json.dumps(out))\n"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    steps: dict[str, float] = json.loads(out.stdout)
+    return steps
 
 
 def peer_loop(url: str, d: int, rounds: int, stop: threading.Event) -> None:
@@ -169,6 +199,15 @@ def main() -> None:
                     "benchmark": "agent_footprint",
                     "baseline": "python -c 'import numpy'",
                     "peak_rss_mb": round(baseline, 1),
+                }
+            )
+        )
+        print(
+            json.dumps(
+                {
+                    "benchmark": "agent_footprint",
+                    "stage": "imports",
+                    "peak_rss_mb_after": import_steps_mb(),
                 }
             )
         )

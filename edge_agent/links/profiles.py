@@ -30,6 +30,7 @@ from reading and writing profile files in ``load_profile``/``save_profile``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -125,7 +126,7 @@ class MessageCost:
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 class AffineCoefficients(_Frozen):
@@ -529,9 +530,16 @@ class MeasuredProfile(_UnsplitMixin):
         return np.maximum(out, 0.0)
 
 
-_ANY_PROFILE: Final = TypeAdapter[PacketProfile | AffineProfile | MeasuredProfile](
-    Annotated[PacketProfile | AffineProfile | MeasuredProfile, Field(discriminator="kind")]
-)
+AnyProfile: TypeAlias = PacketProfile | AffineProfile | MeasuredProfile
+
+
+@functools.cache
+def _any_profile() -> TypeAdapter[AnyProfile]:
+    """The validator of the three kinds, built on first use (the models defer theirs too):
+    a process that never parses a profile never pays for the schemas."""
+    return TypeAdapter[AnyProfile](Annotated[AnyProfile, Field(discriminator="kind")])
+
+
 _KIND_MODELS: Final[dict[str, type[CostProfile]]] = {
     "packet": PacketProfile,
     "affine": AffineProfile,
@@ -562,7 +570,7 @@ def parse_profile(data: Mapping[str, Any], source: str = "<data>") -> CostProfil
         allowed = ", ".join(repr(k) for k in KINDS)
         raise ProfileError(f"profile {source}: kind: required field is missing ({allowed})")
     try:
-        return _ANY_PROFILE.validate_python(dict(data))
+        return _any_profile().validate_python(dict(data))
     except ValidationError as exc:
         raise profile_error(source, exc, _SCHEMA) from None
 

@@ -76,7 +76,7 @@ class SharedDelivery:
 class SharedDownlink(BaseModel):
     """A shared delivery: one transmission per frame reaches every member of a group."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     group: str
     """The group in one line: class, data rate, channel (e.g. ``class C, DR3 on 869.525 MHz``)."""

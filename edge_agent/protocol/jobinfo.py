@@ -51,7 +51,7 @@ class JobInfo(BaseModel):
     """What the aggregator announces about its job (frozen; unknown fields are ignored so
     that a newer aggregator may add some)."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    model_config = ConfigDict(frozen=True, extra="ignore", defer_build=True)
 
     type: Literal["job"] = "job"
     job: _Ident
