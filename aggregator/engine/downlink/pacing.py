@@ -289,7 +289,7 @@ class DownlinkTraffic:
 
     @property
     def groups(self) -> dict[str, dict[str, float]]:
-        """Each group's sender account: ``messages``, ``airtime_s`` (once per message for
+        """Each group's sender account: ``messages``, ``frames``, ``airtime_s`` (once for
         the whole group), ``busy_s`` (the group's downlink taken), and ``free_at``."""
         return {
             g: {**acct, "free_at": self._free_at.get(GROUP_PREFIX + g, 0.0)}
@@ -350,8 +350,11 @@ class DownlinkTraffic:
         if shared is None:
             return
         got = shared.delivery_of(size)
-        acct = self._groups.setdefault(group, {"messages": 0.0, "airtime_s": 0.0, "busy_s": 0.0})
+        acct = self._groups.setdefault(
+            group, {"messages": 0.0, "frames": 0.0, "airtime_s": 0.0, "busy_s": 0.0}
+        )
         acct["messages"] += 1.0
+        acct["frames"] += got.frames
         acct["airtime_s"] += got.airtime_s
         acct["busy_s"] += got.busy_s
         if now is not None:
