@@ -16,7 +16,10 @@ The engine (:class:`aggregator.engine.rounds.RoundEngine`) drives one
   memory only, like :mod:`aggregator.engine.refusals`.
 * **Downlink charging and pacing** (:meth:`DownlinkTraffic.charge`): a job-wide message
   costs every live agent, one addressed to an agent costs that agent only, priced on its
-  profile's downlink (into the agent's record, through
+  profile's downlink; a job-wide message to the members of a shared downlink group
+  (:meth:`DownlinkTraffic.group_of`) goes once for the group, paced by the group's busy
+  time (:func:`~aggregator.engine.downlink.broadcast.shared_limit`), and costs each member
+  its share (into the agent's record, through
   :meth:`aggregator.engine.registry.AgentRegistry.add_down`, and :attr:`totals_down`).
   With pacing on, each receiver's link stays busy for the message's
   :func:`~aggregator.engine.downlink.broadcast.downlink_interval_s`; no version closes
