@@ -217,7 +217,7 @@ class Pricer:
         self._dense_cache: dict[tuple[str, int, int], int] = {}
         #: priced Spend per (profile, size, dense size): shared, never mutated
         self._spend_cache: dict[tuple[str | None, int, int], Spend] = {}
-        self._down_cache: dict[tuple[str, int], Cost] = {}
+        self._down_cache: dict[tuple[str, int, bool], Cost] = {}
         self._logged: set[str] = set()
 
     def price(self, profile_name: str, header: wire.UpdateHeader, size: int) -> Spend:
@@ -273,16 +273,22 @@ class Pricer:
                 self._profile_cache[name] = None
         return self._profile_cache[name]
 
-    def down_cost(self, profile_name: str, size: int) -> Cost:
-        """What receiving one message of ``size`` bytes costs an agent with this profile
-        (its downlink part; bytes only when the profile is unknown here)."""
+    def down_cost(self, profile_name: str, size: int, *, shared: bool = False) -> Cost:
+        """What receiving one message of ``size`` bytes costs an agent with this profile:
+        on its unicast downlink, or (``shared``, a job-wide message to a group member) as
+        one member of its shared downlink (:meth:`CostProfile.receive_cost`); bytes only
+        when the profile is unknown here."""
         profile = self.profile(profile_name)
-        key = ("" if profile is None else profile.name, size)
+        key = ("" if profile is None else profile.name, size, shared)
         hit = self._down_cache.get(key)
         if hit is None:
             if len(self._down_cache) > _CACHE_MAX:
                 self._down_cache.clear()
-            hit = Cost(1, size) if profile is None else profile.downlink_cost(size).cost
+            hit = (
+                Cost(1, size)
+                if profile is None
+                else profile.receive_cost(size, job_wide=shared).cost
+            )
             self._down_cache[key] = hit
         return hit
 

@@ -120,6 +120,13 @@ def _robust_arguments(p: argparse.ArgumentParser) -> None:
 
 def _pacing_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
+        "--multicast",
+        metavar="PROFILE",
+        help="a profile with a shared downlink (e.g. lorawan_eu868_dr0_sf12_mcast_c_dr3): "
+        "the members of its technology and region receive every version on its group, "
+        "once for all, and only their answers unicast (docs/multicast.md)",
+    )
+    p.add_argument(
         "--no-downlink-pacing",
         action="store_true",
         help="do not space versions by the agents' downlink caps and sender duty cycles "
@@ -266,7 +273,12 @@ def _prepare(
         split=args.split,
         optimum_tol=args.optimum_tol,
     )
-    return targets, problem, [(build_fleet(problem, c.agents, c.profiles), c) for c in plan.cases]
+    mc = args.multicast
+    return (
+        targets,
+        problem,
+        [(build_fleet(problem, c.agents, c.profiles, multicast=mc), c) for c in plan.cases],
+    )
 
 
 # --------------------------------------------------------------------------- the run

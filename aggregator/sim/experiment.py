@@ -45,6 +45,7 @@ import numpy.typing as npt
 from aggregator.engine.downlink.broadcast import DownlinkMode
 from aggregator.engine.robust_round import parse_aggregation
 from aggregator.engine.rounds import EngineConfig, RoundEngine
+from aggregator.sim.audit import Margin, audit
 from aggregator.sim.harness import FleetHarness
 from aggregator.sim.hostile import make_hostile
 from aggregator.sim.methods import Method
@@ -81,6 +82,11 @@ class Trace:
     bytes_fixed32: list[int] = field(default_factory=list)
     t_sum: list[int] = field(default_factory=list)
     sim_time_s: list[float] = field(default_factory=list)
+    #: the part of ``sim_time_s`` spent waiting for uplinks (the slowest radio's airtime and
+    #: duty-cycle silence) and for downlinks (pacing, then the slowest reception); the
+    #: agents' compute takes no simulated time
+    up_wait_s: list[float] = field(default_factory=list)
+    down_wait_s: list[float] = field(default_factory=list)
     #: what the agents received up to x_k, snapshots included (a Cost per round)
     down: list[Cost] = field(default_factory=list)
 
@@ -101,6 +107,8 @@ class RunResult:
     models_equal: bool
     step_size: float
     downlink: DownlinkMode = "exact"
+    #: every limit the cost model knows, checked on the ledgers at the end (aggregator.sim.audit)
+    margins: tuple[Margin, ...] = ()
 
 
 # --------------------------------------------------------------------------- set-up
@@ -228,6 +236,7 @@ class _Book:
         self.weights = rows / rows.sum()
         self.gap0 = problem.f0 - problem.f_star
         self.cum_bytes = self.cum_fixed = self.cum_t = 0
+        self.up_wait_s = self.down_wait_s = 0.0
         #: dense gradient descent's downlink, priced as one float32 model change per agent
         #: per round (not what the relay would carry: d floats from every agent)
         self.dense_down: list[Cost] | None = None
@@ -246,6 +255,8 @@ class _Book:
         tr.bytes_fixed32.append(self.cum_fixed)
         tr.t_sum.append(self.cum_t)
         tr.sim_time_s.append(now)
+        tr.up_wait_s.append(self.up_wait_s)
+        tr.down_wait_s.append(self.down_wait_s)
         received = Cost.sum(a.ledger.down for a in self.agents)
         if self.dense_down is None:
             tr.down.append(received)
@@ -365,7 +376,10 @@ def _train(
             return k, reason, f_k
         book.add_round(done, problem.model.d, method.compressor)
         # Lockstep rounds: the slowest radio sets the pace, up then down.
-        clock.now += _slowest_s(_radio_busy_s(harness.agents), radio_before)
+        up_s = _slowest_s(_radio_busy_s(harness.agents), radio_before)
+        clock.now += up_s
+        book.up_wait_s += up_s
+        sent_at = clock.now
         down_before = _down_busy_s(harness.agents)
         version = engine.version
         harness.pump(strict=True)
@@ -374,6 +388,7 @@ def _train(
             harness.pump(strict=True)
         harness.deliver()
         clock.now += _slowest_s(_down_busy_s(harness.agents), down_before)
+        book.down_wait_s += clock.now - sent_at
         if engine.version != version + 1:
             return k, f"engine stopped at version {engine.version}: {engine.finish_reason}", f_k
         k += 1
@@ -426,6 +441,13 @@ def run_method(
         )
         _check_objective(problem, harness.engine.broadcast_model, f_k, k)
         models_equal = _check_end(harness, book, method)
+        engine = harness.engine
+        group_of = {
+            a.config.agent_id: None if info is None else engine.traffic.group_of(info)
+            for a in harness.agents
+            for info in (engine.registry.get(a.config.agent_id),)
+        }
+        margins = audit(harness.agents, engine.traffic.groups, group_of, harness.clock.now)
         return RunResult(
             method=method,
             fleet=fleet,
@@ -439,6 +461,7 @@ def run_method(
             models_equal=models_equal,
             step_size=harness.engine.gamma(),
             downlink=downlink,
+            margins=tuple(margins),
         )
 
 

@@ -104,13 +104,41 @@ def agent_seed(seed: int, index: int) -> int:
     return seed * 1_000_003 + index
 
 
-def build_fleet(problem: Problem, agents: int, profile_names: Sequence[str]) -> Fleet:
-    """Split the data into ``agents`` shards; profiles are cycled over the agents."""
+def on_group(profile: CostProfile, group: CostProfile) -> CostProfile:
+    """``profile`` with ``group``'s shared downlink (``downlink.shared``) when both are the
+    same technology in the same region (the first two parts of their names, e.g.
+    ``lorawan_eu868``) and ``profile`` has a unicast downlink; else ``profile`` itself.
+    The result is named ``<profile>.<group>``."""
+    shared = group.shared_downlink
+    if shared is None:
+        raise ValueError(f"--multicast {group.name}: that profile has no downlink.shared part")
+    region = group.name.split("_")[:2]
+    if profile.downlink is None or profile.name.split("_")[:2] != region:
+        return profile
+    if profile.shared_downlink is not None:
+        return profile
+    down = profile.downlink.model_copy(update={"shared": shared})
+    return profile.model_copy(update={"name": f"{profile.name}.{group.name}", "downlink": down})
+
+
+def build_fleet(
+    problem: Problem,
+    agents: int,
+    profile_names: Sequence[str],
+    *,
+    multicast: str | None = None,
+) -> Fleet:
+    """Split the data into ``agents`` shards; profiles are cycled over the agents.
+    ``multicast``: a profile with a shared downlink; the members of its technology and
+    region receive job-wide messages on it (:func:`on_group`)."""
     if agents < 1:
         raise ValueError(f"--agents must be >= 1, got {agents}")
     if not profile_names:
         raise ValueError("need at least one cost profile")
     cache = {name: resolve_profile(name) for name in dict.fromkeys(profile_names)}
+    if multicast is not None:
+        group = resolve_profile(multicast)
+        cache = {name: on_group(p, group) for name, p in cache.items()}
     rng = np.random.default_rng([problem.seed, agents])
     shards = (
         split_shards(problem.data, agents, how=problem.split, rng=rng)
@@ -127,4 +155,4 @@ def build_fleet(problem: Problem, agents: int, profile_names: Sequence[str]) -> 
     return Fleet(tuple(shards), profiles, smoothness)
 
 
-__all__ = ["Fleet", "Problem", "agent_seed", "build_fleet", "build_problem"]
+__all__ = ["Fleet", "Problem", "agent_seed", "build_fleet", "build_problem", "on_group"]

@@ -18,6 +18,7 @@ from typing import Any, Final, TextIO
 import numpy as np
 import numpy.typing as npt
 
+from aggregator.sim.audit import worst
 from aggregator.sim.experiment import DEFAULT_TARGETS, DOWN_FIELDS, METRICS, RunResult
 from aggregator.sim.problem import Fleet
 
@@ -39,7 +40,8 @@ def _num(v: float) -> float | int:
 
 #: The record fields measured at the round a target was reached, in record order.
 _AT_TARGET: Final[tuple[str, ...]] = (
-    *METRICS, "bytes", "bytes_fixed32_index", "mean_t", "sim_time_s",
+    *METRICS, "bytes", "bytes_fixed32_index", "mean_t", "sim_time_s", "up_wait_s",
+    "down_wait_s",
     *(f"down_{m}" for m in DOWN_FIELDS), *(f"total_{m}" for m in DOWN_FIELDS),
 )  # fmt: skip
 
@@ -55,6 +57,8 @@ def _at_target(result: RunResult, k: int | None) -> dict[str, Any]:
         "bytes_fixed32_index": tr.bytes_fixed32[k],
         "mean_t": None if k == 0 else tr.t_sum[k] / (k * result.fleet.agents),
         "sim_time_s": tr.sim_time_s[k],
+        "up_wait_s": tr.up_wait_s[k],
+        "down_wait_s": tr.down_wait_s[k],
         **{f"down_{m}": _num(tr.down[k].metric(m)) for m in DOWN_FIELDS},
         **{
             f"total_{m}": _num(
@@ -68,6 +72,11 @@ def _at_target(result: RunResult, k: int | None) -> dict[str, Any]:
 def records(result: RunResult, targets: Sequence[float]) -> list[dict[str, Any]]:
     """One JSON record per target (null costs where the target was not reached)."""
     fleet = result.fleet
+    low = worst(result.margins)
+    law = {
+        "audit_worst_margin": None if low is None else low.margin,
+        "audit_worst_limit": None if low is None else f"{low.limit} of {low.who}",
+    }
     return [
         {
             "method": result.method.spec,
@@ -86,6 +95,7 @@ def records(result: RunResult, targets: Sequence[float]) -> list[dict[str, Any]]
             "models_equal": result.models_equal,
             "selection_s": result.selection_s,
             "selection_s_per_round": result.selection_s / max(1, result.rounds_run + 1),
+            **law,
             "wall_s": result.wall_s,
         }
         for eps in targets
@@ -188,6 +198,9 @@ _TABLE_COLUMNS: Final[tuple[tuple[str, str], ...]] = (
     ("total_bytes", "total_bytes"),
     *((f"total_{m}", f"total_{m}") for m in METRICS),
     ("sim_time_s", "sim_time_s"),
+    ("up_wait_s", "up_wait_s"),
+    ("down_wait_s", "down_wait_s"),
+    ("law_margin", "audit_worst_margin"),
 )
 
 

@@ -80,6 +80,9 @@ class AgentConfig:
     #: scaled so that the 1/L step moves x by t q (semantics ``dir``; docs/curvature.md).
     curvature: CurvatureName = "global"
     mac_key: bytes | None = None  # sign every update with this key (edge_agent.protocol.mac)
+    #: the downlink group it receives job-wide messages on (hello ``group``); None: the
+    #: profile's shared downlink names it, or there is none (unicast)
+    group: str | None = None
 
     def __post_init__(self) -> None:
         if self.curvature not in ("global", "directional"):
@@ -208,6 +211,7 @@ class Agent:
             fresh=self._fresh,
             next_seq=self.seq,
             version=self.version,
+            group=self.config.group,
         )
         # no separate "online" status: a hello marks the agent online at the aggregator, and
         # on a duty-cycled radio every message costs minutes of silence
@@ -306,7 +310,8 @@ class Agent:
 
         Whatever arrives was received over the radio: it is priced on the profile's
         downlink part and goes into the ledger's ``down`` direction, applied or not."""
-        self.ledger.received(self.profile.downlink_cost(len(msg.payload)))
+        mine = msg.topic == topics.to_agent(self.config.job, self.config.agent_id)
+        self.ledger.received(self.profile.receive_cost(len(msg.payload), job_wide=not mine))
         self.answers.heard(self.clock())
         try:
             verdict = jobinfo.judge(msg.topic, msg.payload, self._fit)

@@ -174,6 +174,7 @@ def _build_agent(args: argparse.Namespace) -> Agent:
         curvature=args.curvature,
         max_refusals=args.max_refusals,
         mac_key=None if args.mac_key_file is None else read_key(args.mac_key_file),
+        group=args.group,
     )
     transport = open_transport(
         args.server,
@@ -416,6 +417,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="float32",
         choices=["float32", "float16", "float64"],
         help="precision of the values sent",
+    )
+    run.add_argument(
+        "--group",
+        default=None,
+        help="the multicast group this device receives versions on (default: the one its profile's downlink.shared names; none: unicast)",
     )
     run.add_argument(
         "--duty-cycle",

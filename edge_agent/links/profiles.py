@@ -368,13 +368,21 @@ class CostProfile(_Frozen):
         return None if self.downlink is None else self.downlink.shared
 
     def shared_delivery(self, size_bytes: int) -> SharedDelivery:
-        """One message of ``size_bytes`` on the shared downlink: frames, the sender's airtime,
-        the time the group's downlink is busy, each member's energy. Raises ValueError for a
-        profile without a shared downlink."""
+        """One message on the shared downlink (ValueError: the profile has none)."""
         shared = self.shared_downlink
         if shared is None:
             raise ValueError(f"profile {self.name!r} has no shared downlink (downlink.shared)")
         return shared.delivery_of(_check_size(size_bytes))
+
+    def receive_cost(self, size_bytes: int, *, job_wide: bool) -> MessageCost:
+        """A job-wide message as a member of the shared downlink, if any (``silence_s``: the
+        rest of the group's busy time), else :meth:`downlink_cost`."""
+        if not job_wide or self.shared_downlink is None:
+            return self.downlink_cost(size_bytes)
+        got = self.shared_delivery(size_bytes)
+        return MessageCost(got.size_bytes, got.frame_bytes, got.frames, got.bytes_on_air,
+                           8.0 * got.bytes_on_air, got.airtime_s, got.energy_j,
+                           max(0.0, got.busy_s - got.airtime_s))  # fmt: skip
 
     def silence_s(self, airtime_s: float) -> float:
         """Seconds of enforced silence after ``airtime_s`` seconds on air (duty cycle)."""

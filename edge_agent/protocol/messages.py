@@ -43,6 +43,9 @@ class Hello(_Msg):
     fresh: bool = True
     next_seq: int = Field(default=0, ge=0)
     version: int | None = Field(default=None, ge=0)  # the model version the agent holds, if any
+    #: the shared downlink group (multicast) it receives job-wide messages on; None: the
+    #: one its profile's ``downlink.shared`` names, or unicast without one
+    group: str | None = Field(default=None, min_length=1, max_length=64)
 
 
 class Status(_Msg):

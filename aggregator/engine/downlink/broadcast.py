@@ -36,6 +36,7 @@ import numpy.typing as npt
 
 from aggregator.engine.downlink.outbound import DeltaParts, Outbound, StepsParts
 from edge_agent.links.profiles import CostProfile
+from edge_agent.links.shared import SharedDownlink
 from edge_agent.numerics.compressors import compress
 from edge_agent.numerics.selection import select
 from edge_agent.protocol import downlink, topics, wire
@@ -256,6 +257,19 @@ def downlink_limit(profile: CostProfile, size_bytes: int) -> tuple[float, Downli
         if capped > interval:
             return capped, "daily_cap"
     return interval, "downlink_busy"
+
+
+def shared_limit(shared: SharedDownlink, size_bytes: int) -> tuple[float, DownlinkLimit]:
+    """How long a group's shared downlink stays busy after one message of ``size_bytes``
+    (the group's own law: the sender's airtime over its duty cycle, or the slots it
+    takes), and at least the share of a day the group's cap allows when the network caps
+    it (``max_messages_per_day``, counted in frames); which limit set it."""
+    got = shared.delivery_of(size_bytes)
+    if shared.max_messages_per_day is not None:
+        capped = 86_400.0 * max(1, got.frames) / shared.max_messages_per_day
+        if capped > got.busy_s:
+            return capped, "daily_cap"
+    return got.busy_s, "downlink_busy"
 
 
 def _delta_size(d: int, changed: IntArray) -> int:

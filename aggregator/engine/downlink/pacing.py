@@ -16,7 +16,10 @@ The engine (:class:`aggregator.engine.rounds.RoundEngine`) drives one
   memory only, like :mod:`aggregator.engine.refusals`.
 * **Downlink charging and pacing** (:meth:`DownlinkTraffic.charge`): a job-wide message
   costs every live agent, one addressed to an agent costs that agent only, priced on its
-  profile's downlink (into the agent's record, through
+  profile's downlink; a job-wide message to the members of a shared downlink group
+  (:meth:`DownlinkTraffic.group_of`) goes once for the group, paced by the group's busy
+  time (:func:`~aggregator.engine.downlink.broadcast.shared_limit`), and costs each member
+  its share (into the agent's record, through
   :meth:`aggregator.engine.registry.AgentRegistry.add_down`, and :attr:`totals_down`).
   With pacing on, each receiver's link stays busy for the message's
   :func:`~aggregator.engine.downlink.broadcast.downlink_interval_s`; no version closes
@@ -47,14 +50,17 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from aggregator.engine.accounting import Pricer
-from aggregator.engine.downlink.broadcast import DownlinkLimit, downlink_limit
+from aggregator.engine.downlink.broadcast import DownlinkLimit, downlink_limit, shared_limit
 from aggregator.engine.downlink.outbound import PUBLISHED_KINDS, Outbound, addressed
 from aggregator.engine.registry import AgentRegistry
+from aggregator.engine.types import AgentInfo
 from edge_agent.links.cost import ZERO, Cost
 from edge_agent.protocol import topics
 
 #: at most one full-model snapshot answer per agent per this many seconds of engine time
 SNAPSHOT_ANSWER_INTERVAL_S: Final = 2.0
+#: how a shared downlink group is named among the agents in the pacing state
+GROUP_PREFIX: Final = "@"
 #: agents remembered for the rate limit (bounded: agent ids come from topics)
 MAX_TRACKED: Final = 4096
 
@@ -160,6 +166,8 @@ class DownlinkTraffic:
         #: agents a hold stopped waiting for (max_hold_s): not charged for job-wide
         #: messages, nor waited for, while their downlink is busy; they catch up later
         self._released: set[str] = set()
+        #: per shared downlink group: its sender's account (messages, airtime_s, busy_s)
+        self._groups: dict[str, dict[str, float]] = {}
 
     @property
     def totals_down(self) -> Cost:
@@ -272,11 +280,32 @@ class DownlinkTraffic:
             row[0] += 1
             row[1] += len(o.payload)
 
+    def group_of(self, info: AgentInfo) -> str | None:
+        """The shared downlink group ``info``'s agent receives job-wide messages on: its
+        hello's ``group``, else the one its profile's ``downlink.shared`` names; None
+        (unicast) when its profile has no shared downlink."""
+        profile = self._pricer.profile(info.hello.profile)
+        shared = None if profile is None else profile.shared_downlink
+        if shared is None:
+            return None
+        return info.hello.group or shared.group
+
+    @property
+    def groups(self) -> dict[str, dict[str, float]]:
+        """Each group's sender account: ``messages``, ``frames``, ``airtime_s`` (once for
+        the whole group), ``busy_s`` (the group's downlink taken), and ``free_at``."""
+        return {
+            g: {**acct, "free_at": self._free_at.get(GROUP_PREFIX + g, 0.0)}
+            for g, acct in self._groups.items()
+        }
+
     def charge(self, items: Sequence[Charge], now: float | None, agents: AgentRegistry) -> None:
         """Account what agents receive: a job-wide message reaches every live agent, one
-        addressed to an agent reaches that agent only; priced on each one's downlink
-        profile. With pacing (and ``now``) the next version waits until every live agent's
-        downlink is free again."""
+        addressed to an agent reaches that agent only. A job-wide message goes once per
+        shared downlink group (its sender's airtime once, each member its energy) and
+        unicast to every other agent; what is addressed to one agent goes on its unicast
+        downlink. With pacing (and ``now``) the next version waits until every unicast
+        link and every group's downlink is free again."""
         pace = now is not None and self.pacing
         for target, size in items:
             if target is not None:
@@ -284,15 +313,56 @@ class DownlinkTraffic:
                 receivers = [] if one is None else [one]
             else:
                 receivers = agents.live()
-                if self._released and now is not None:  # they catch up when free again
-                    receivers = [a for a in receivers if not self._skipped(a.agent, now)]
+            members: dict[str, list[AgentInfo]] = {}
             for info in receivers:
-                cost = self._pricer.down_cost(info.hello.profile, size)
-                agents.add_down(info.agent, cost)
-                self._totals_down = self._totals_down + cost
+                group = None if target is not None else self.group_of(info)
+                if group is not None:
+                    members.setdefault(group, []).append(info)
+                    continue
+                if target is None and now is not None and self._skipped(info.agent, now):
+                    continue  # a hold released it: it catches up when free again
+                self._receive(info, size, shared=False, agents=agents)
                 if pace:
                     assert now is not None
                     self._pace(info.agent, info.hello.profile, size, now)
+            for group, infos in members.items():
+                self._send_group(group, infos, size, now if pace else None, agents)
+
+    def _receive(self, info: AgentInfo, size: int, *, shared: bool, agents: AgentRegistry) -> None:
+        cost = self._pricer.down_cost(info.hello.profile, size, shared=shared)
+        agents.add_down(info.agent, cost)
+        self._totals_down = self._totals_down + cost
+
+    def _send_group(
+        self,
+        group: str,
+        infos: Sequence[AgentInfo],
+        size: int,
+        now: float | None,
+        agents: AgentRegistry,
+    ) -> None:
+        """One job-wide message on ``group``'s shared downlink: every member receives it,
+        the sender transmits it once; with ``now`` the group is paced by its own law."""
+        key = GROUP_PREFIX + group
+        if now is not None and self._skipped(key, now):
+            return  # a hold released the group: its members catch up when it is free
+        for info in infos:
+            self._receive(info, size, shared=True, agents=agents)
+        profile = self._pricer.profile(infos[0].hello.profile)
+        shared = None if profile is None else profile.shared_downlink
+        if shared is None:
+            return
+        got = shared.delivery_of(size)
+        acct = self._groups.setdefault(
+            group, {"messages": 0.0, "frames": 0.0, "airtime_s": 0.0, "busy_s": 0.0}
+        )
+        acct["messages"] += 1.0
+        acct["frames"] += got.frames
+        acct["airtime_s"] += got.airtime_s
+        acct["busy_s"] += got.busy_s
+        if now is not None:
+            interval, limit = shared_limit(shared, size)
+            self._occupy(key, interval, limit, now)
 
     def _pace(self, agent: str, profile_name: str, size: int, now: float) -> None:
         """The agent's downlink is busy for one more message: its link is free again after
@@ -300,13 +370,17 @@ class DownlinkTraffic:
         profile = self._pricer.profile(profile_name)
         if profile is not None:
             interval, limit = downlink_limit(profile, size)
-            before = self._free_at.get(agent, 0.0)
-            if before <= now:  # its link was free: a release by a hold is over
-                self._released.discard(agent)
-            free = max(now, before) + interval
-            self._free_at[agent] = free
-            self._limit[agent] = limit
-            self._next_version_at = max(self._next_version_at, free)
+            self._occupy(agent, interval, limit, now)
+
+    def _occupy(self, key: str, interval: float, limit: DownlinkLimit, now: float) -> None:
+        """The downlink ``key`` (an agent, or ``@group``) is busy ``interval`` more seconds."""
+        before = self._free_at.get(key, 0.0)
+        if before <= now:  # its link was free: a release by a hold is over
+            self._released.discard(key)
+        free = max(now, before) + interval
+        self._free_at[key] = free
+        self._limit[key] = limit
+        self._next_version_at = max(self._next_version_at, free)
 
     def export(self) -> dict[str, Any]:
         """The checkpoint's ``totals_down``, ``next_version_at`` and ``down_free_at``."""
@@ -317,6 +391,7 @@ class DownlinkTraffic:
             "down_limit": dict(self._limit),
             "held_since": self._held_since,
             "down_released": sorted(self._released),
+            "down_groups": {g: dict(a) for g, a in self._groups.items()},
         }
 
     def restore(self, meta: dict[str, Any]) -> None:
@@ -328,3 +403,7 @@ class DownlinkTraffic:
         held = meta.get("held_since")
         self._held_since = None if held is None else float(held)
         self._released = {str(a) for a in meta.get("down_released", [])}
+        self._groups = {
+            str(g): {k: float(v) for k, v in a.items()}
+            for g, a in meta.get("down_groups", {}).items()
+        }

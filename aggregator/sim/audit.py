@@ -1,0 +1,93 @@
+"""The law, checked after a simulated run: every ledger against every limit the cost model
+knows, summed over the run (``elapsed_s`` of simulated time).
+
+Limits, each as a margin ``1 - used / allowed`` (>= 0: kept; negative: broken):
+
+- each device's uplink duty cycle: its airtime sent against ``duty_cycle * elapsed_s``;
+- each unicast downlink's sender duty cycle: the airtime it received unicast against
+  ``sender_duty_cycle * elapsed_s`` (the sender's share for that device);
+- each shared downlink group's sender duty cycle: the group's airtime (once per message)
+  against the group's ``sender_duty_cycle * elapsed_s``;
+- each unicast daily cap: the downlink packets it received unicast against
+  ``max_messages_per_day * elapsed_s / 86400``, and a group's cap on its frames likewise.
+
+``allowed`` is the rate times the elapsed time plus one of the limit's windows (an hour
+for a duty cycle, as ETSI EN 300 220 counts it; a day for a daily cap): a run of ``n``
+windows may use ``n + 1`` windows' allowance when it starts at a window's beginning and
+ends at another's end. Totals over the run, not every sliding window: a margin near 0
+says a window may still break it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from edge_agent.agent.loop import Agent
+
+DAY_S = 86_400.0
+HOUR_S = 3_600.0
+
+
+@dataclass(frozen=True)
+class Margin:
+    """One limit: what it is (``limit``, ``who``), what was used and allowed."""
+
+    limit: str
+    who: str
+    used: float
+    allowed: float
+
+    @property
+    def margin(self) -> float:
+        return 1.0 - self.used / self.allowed if self.allowed > 0 else -float(self.used > 0)
+
+
+def audit(
+    agents: Sequence[Agent],
+    groups: dict[str, dict[str, float]],
+    group_of: dict[str, str | None],
+    elapsed_s: float,
+) -> list[Margin]:
+    """Every limit's :class:`Margin` after ``elapsed_s`` simulated seconds. ``groups``: the
+    engine's group accounts; ``group_of``: each agent's group (None: unicast)."""
+    out: list[Margin] = []
+    duty_s, days = elapsed_s + HOUR_S, elapsed_s / DAY_S + 1.0
+    shared_seen: set[str] = set()
+    for a in agents:
+        p, me = a.profile, a.config.agent_id
+        if p.duty_cycle is not None:
+            out.append(Margin("uplink duty cycle", me, a.ledger.up.airtime_s,
+                              p.duty_cycle * duty_s))  # fmt: skip
+        group = group_of.get(me)
+        acct = groups.get(group) if group is not None else None
+        frames = 0.0 if acct is None else acct["frames"]
+        shared = p.shared_downlink
+        group_air = 0.0 if acct is None or shared is None else acct["airtime_s"]
+        down = p.downlink
+        if down is not None and down.sender_duty_cycle is not None:
+            unicast_air = a.ledger.down.airtime_s - group_air
+            out.append(Margin("downlink sender duty cycle", me, unicast_air,
+                              down.sender_duty_cycle * duty_s))  # fmt: skip
+        if p.max_downlinks_per_day is not None:
+            out.append(Margin("unicast daily cap", me, a.ledger.down.packets - frames,
+                              p.max_downlinks_per_day * days))  # fmt: skip
+        if acct is None or shared is None or group in shared_seen:
+            continue
+        assert group is not None
+        shared_seen.add(group)
+        if shared.sender_duty_cycle is not None:
+            out.append(Margin("group sender duty cycle", group, acct["airtime_s"],
+                              shared.sender_duty_cycle * duty_s))  # fmt: skip
+        if shared.max_messages_per_day is not None:
+            out.append(Margin("group daily cap", group, acct["frames"],
+                              shared.max_messages_per_day * days))  # fmt: skip
+    return out
+
+
+def worst(margins: Sequence[Margin]) -> Margin | None:
+    """The smallest margin (None: no limit applies)."""
+    return min(margins, key=lambda m: m.margin, default=None)
+
+
+__all__ = ["Margin", "audit", "worst"]
