@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from edge_agent.links.cost import ZERO, Cost, Traffic
-from edge_agent.links.profiles import MessageCost
+from edge_agent.links.cost import ZERO, Cost, MessageCost, Traffic
 
 __all__ = ["AgentCounters", "CostLedger", "RoundLog"]
 

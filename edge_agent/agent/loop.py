@@ -28,7 +28,8 @@ from edge_agent.agent.ledger import AgentCounters, CostLedger, RoundLog
 from edge_agent.agent.replica import Replica
 from edge_agent.data import Dataset
 from edge_agent.errors import TransportError, WireFormatError
-from edge_agent.links.profiles import CostProfile, MessageCost
+from edge_agent.links.cost import MessageCost
+from edge_agent.links.profiles import CostProfile
 from edge_agent.numerics.compressors import Semantics, ValueDtype, compress
 from edge_agent.numerics.curvature import (
     DIRECTIONAL_COMPRESSORS,

@@ -1,14 +1,17 @@
 """The one cost value type: what messages cost on a link, in both directions.
 
 Every place that adds costs up (an agent's ledger, the aggregator's per-agent and per-round
-accounts, the history, the HTTP schemas, ``/metrics``, the simulator) uses these two types:
+accounts, the history, the HTTP schemas, ``/metrics``, the simulator) uses these types:
 
 - :class:`Cost`: one direction. ``messages`` (count), ``bytes`` (application bytes: the
   encoded messages), ``bits``, ``packets`` (link packets), ``airtime_s`` (seconds the radio
   is busy), ``energy_j`` (joules), each as priced by a cost profile
   (:mod:`edge_agent.links.profiles`); a metric the profile does not define costs 0.
 - :class:`Traffic`: ``up`` (what a device sent) and ``down`` (what it received), and their
-  ``total``.
+  ``total``;
+- :class:`MessageCost`: one message priced on one link (sizes, packets, airtime, energy
+  and the silence its duty cycle owes), which a profile returns and :attr:`MessageCost.cost`
+  turns into a :class:`Cost`.
 
 Both are immutable; costs add with ``+``; ``to_dict``/``from_dict`` give the JSON form used in
 checkpoints, history rows and the HTTP API (``from_dict`` accepts older records that lack a
@@ -141,3 +144,31 @@ class Traffic:
         if not data:
             return cls()
         return cls(Cost.from_dict(data.get("up")), Cost.from_dict(data.get("down")))
+
+
+@dataclass(frozen=True, slots=True)
+class MessageCost:
+    """What one message costs on a link.
+
+    ``size_bytes``: application bytes (the encoded update); ``link_bytes``: plus the
+    profile's message overhead; ``packets``: number of link packets the message is split
+    into (a count, not the ``packets`` metric); ``bytes_on_air``: link bytes plus the
+    per-packet overhead of every packet. ``bits``, ``airtime_s`` (seconds) and
+    ``energy_j`` (joules) are the profile's costs for those metrics (0.0 where the
+    profile does not define them). ``silence_s``: seconds the radio must stay silent
+    after this message under the profile's duty cycle (0.0 without a duty cycle).
+    """
+
+    size_bytes: int
+    link_bytes: int
+    packets: int
+    bytes_on_air: int
+    bits: float
+    airtime_s: float
+    energy_j: float
+    silence_s: float
+
+    @property
+    def cost(self) -> Cost:
+        """This message as a :class:`Cost` (one message), for adding up."""
+        return Cost(1, self.size_bytes, self.bits, self.packets, self.airtime_s, self.energy_j)

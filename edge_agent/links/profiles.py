@@ -37,7 +37,7 @@ import sys
 import sysconfig
 from abc import abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal, TypeAlias, overload
 
@@ -56,7 +56,7 @@ from pydantic import (
 )
 
 from edge_agent.errors import ProfileError
-from edge_agent.links.cost import METRICS, Cost, Direction, Metric
+from edge_agent.links.cost import METRICS, Direction, MessageCost, Metric
 from edge_agent.links.profile_errors import ProfileSchema, profile_error
 from edge_agent.links.shared import SharedDelivery, SharedDownlink
 
@@ -95,34 +95,6 @@ CostValue: TypeAlias = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 MetricCosts: TypeAlias = dict[Metric, CostValue]
 
 _NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
-
-
-@dataclass(frozen=True, slots=True)
-class MessageCost:
-    """What one message costs on a link.
-
-    ``size_bytes``: application bytes (the encoded update); ``link_bytes``: plus the
-    profile's message overhead; ``packets``: number of link packets the message is split
-    into (a count, not the ``packets`` metric); ``bytes_on_air``: link bytes plus the
-    per-packet overhead of every packet. ``bits``, ``airtime_s`` (seconds) and
-    ``energy_j`` (joules) are the profile's costs for those metrics (0.0 where the
-    profile does not define them). ``silence_s``: seconds the radio must stay silent
-    after this message under the profile's duty cycle (0.0 without a duty cycle).
-    """
-
-    size_bytes: int
-    link_bytes: int
-    packets: int
-    bytes_on_air: int
-    bits: float
-    airtime_s: float
-    energy_j: float
-    silence_s: float
-
-    @property
-    def cost(self) -> Cost:
-        """This message as a :class:`edge_agent.links.cost.Cost` (one message), for adding up."""
-        return Cost(1, self.size_bytes, self.bits, self.packets, self.airtime_s, self.energy_j)
 
 
 class _Frozen(BaseModel):
