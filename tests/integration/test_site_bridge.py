@@ -147,11 +147,6 @@ def _start_agent(
         "--job", JOB, "--agent-id", agent_id, "--profile", PROFILE,
         "--data", str(problem.shards[index]), "--features", str(problem.features),
         "--username", agent_id, "--password-file", str(secrets / agent_id), *tls,
-        # --duty-cycle ignore: with the default (wait) these agents, on this tree, answer
-        # version 1 by asking for it again and again (hundreds of to/<agent> answers a
-        # second, no version 2), with or without a bridge; Wi-Fi has no duty cycle, so
-        # ignore changes nothing else here
-        "--duty-cycle", "ignore",
         "--seed", str(index), "--resend-s", "3", "--save-model", str(model_path), "--quiet",
     ]  # fmt: skip
     with out_path.open("wb") as out, err_path.open("wb") as err:
