@@ -18,7 +18,7 @@ from edge_agent.errors import WireFormatError
 from edge_agent.numerics.compressors import COMPRESSOR_IDS, Update
 from edge_agent.protocol import jobinfo, messages, topics, wire
 from edge_agent.protocol import mac as update_mac
-from edge_agent.protocol.downlink import Family
+from edge_agent.protocol.downlink import semantics_family
 
 #: Every reason a message can be rejected for (the Prometheus label values).
 REJECT_REASONS: Final[tuple[str, ...]] = (
@@ -290,14 +290,6 @@ def check_family(hello: messages.Hello, *, feedback: str, family: str | None, al
             f"{hello.agent}: {hello.semantics} in a {family} job (fixed by its first agent, "
             f"AGG_FEEDBACK=any); run the agent with {jobinfo.agent_flag(fits)}",
         )
-
-
-def semantics_family(semantics: str) -> Family:
-    """``"ef21"`` for EF21 updates, ``"mean"`` for the others (plain, ef, dir).
-
-    ``dir`` (a directional step, pre-scaled for ``gamma = 1/L``) is averaged like a plain
-    update, so it can never share a job with ``ef21`` (whose step and state differ)."""
-    return "ef21" if semantics == "ef21" else "mean"
 
 
 def check_update(

@@ -34,7 +34,7 @@ from typing import Any, Final
 
 from aggregator.engine import admission
 from aggregator.engine.accounting import Pricer, ProfileLookup, RoundRecord, Spend
-from aggregator.engine.admission import REJECT_REASONS, Decoded, Reject, semantics_family
+from aggregator.engine.admission import REJECT_REASONS, Decoded, Reject
 from aggregator.engine.downlink.outbound import Outbound, addressed, control_message
 from aggregator.engine.downlink.pacing import (
     DownlinkTraffic,
@@ -62,7 +62,7 @@ from aggregator.engine.types import (
 from edge_agent.links.cost import Cost
 from edge_agent.numerics.compressors import Update
 from edge_agent.protocol import messages, wire
-from edge_agent.protocol.downlink import Family
+from edge_agent.protocol.downlink import Family, semantics_family
 
 __all__ = [
     "REJECT_REASONS",

@@ -42,7 +42,11 @@ from edge_agent.numerics.feedback import FEEDBACK, Feedback
 from edge_agent.numerics.models import Model
 from edge_agent.numerics.selection import Policy, Price, make_price, parse_policy
 from edge_agent.protocol import jobinfo, messages, topics
-from edge_agent.protocol.downlink import Family, StateSnapshot, decode_downlink
+from edge_agent.protocol.downlink import (
+    StateSnapshot,
+    decode_downlink,
+    semantics_family,
+)
 from edge_agent.protocol.wire import MAGIC, Delta, Snapshot, encode
 from edge_agent.transports import Message, Transport
 
@@ -140,7 +144,7 @@ class Agent:
         self.semantics: Semantics = (
             "dir" if config.curvature == "directional" else self.feedback.semantics
         )
-        family: Family = "ef21" if self.semantics == "ef21" else "mean"
+        family = semantics_family(self.semantics)
         self._fit = jobinfo.Fit(
             config.job, config.agent_id, model.d, model.kind, self.semantics, config.compressor
         )

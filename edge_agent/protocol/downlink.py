@@ -48,6 +48,7 @@ __all__ = [
     "encode_state",
     "encode_steps",
     "move_op",
+    "semantics_family",
     "step_op",
     "sub_op",
     "zero_op",
@@ -58,6 +59,17 @@ TYPE_STATE: Final = 5
 
 Family: TypeAlias = Literal["mean", "ef21"]
 _FAMILY_FLAGS: Final[dict[str, int]] = {"mean": 0, "ef21": 1}
+
+
+def semantics_family(semantics: str) -> Family:
+    """The update family of a semantics (or a feedback setting): ``"ef21"`` for EF21,
+    ``"mean"`` for the others (plain, ef, dir). The one mapping both sides use.
+
+    ``dir`` (a directional step, pre-scaled for ``gamma = 1/L``) is averaged like a plain
+    update, so it can never share a job with ``ef21`` (whose step and state differ)."""
+    return "ef21" if semantics == "ef21" else "mean"
+
+
 _FLAG_FAMILIES: Final[dict[int, Family]] = {0: "mean", 1: "ef21"}
 
 OP_ADD: Final = 1  # an update, weight 1

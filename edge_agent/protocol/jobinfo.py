@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from edge_agent.errors import WireFormatError
 from edge_agent.protocol import topics
+from edge_agent.protocol.downlink import semantics_family
 
 FeedbackSetting = Literal["none", "ef", "ef21", "dir", "any"]
 #: the values of ``AGG_FEEDBACK`` / ``EngineConfig.feedback``
@@ -37,7 +38,7 @@ def family_of(feedback: str) -> Literal["mean", "ef21"] | None:
     ``any`` (no family configured)."""
     if feedback == "any":
         return None
-    return "ef21" if feedback == "ef21" else "mean"
+    return semantics_family(feedback)
 
 
 def agent_flag(feedback: str) -> str:
