@@ -75,16 +75,19 @@ class JobModel:
         """The model the agents hold: ``x``, or the compressed downlink's ``w``."""
         return self._down.model(self.x)
 
-    def gamma(self, hellos: Iterable[messages.Hello]) -> float:
-        """The step size: configured, else 1/L from ``hellos`` (cached until
-        :meth:`hellos_changed`; see :meth:`aggregator.engine.rounds.RoundEngine.gamma`)."""
+    def gamma(self, hellos: Iterable[messages.Hello], version: int = 0) -> float:
+        """The step size at ``version``: configured, else 1/L from ``hellos`` (cached until
+        :meth:`hellos_changed`; see :meth:`aggregator.engine.rounds.RoundEngine.gamma`),
+        decayed by the stochastic schedule when the job sets one (``schedule_l2``)."""
         cfg = self.config
         if cfg.step_size is not None:
-            return cfg.step_size
-        if self._gamma is None:
-            factor = cfg.ef21_step_factor if self.family == "ef21" else 1.0
-            self._gamma = stepsize.gamma(list(hellos), cfg.step_rule, cfg.limits, factor)
-        return self._gamma
+            base = cfg.step_size
+        else:
+            if self._gamma is None:
+                factor = cfg.ef21_step_factor if self.family == "ef21" else 1.0
+                self._gamma = stepsize.gamma(list(hellos), cfg.step_rule, cfg.limits, factor)
+            base = self._gamma
+        return stepsize.scheduled(base, version, cfg.schedule_l2, cfg.schedule_t0)
 
     def seen(self, agent: str, header: wire.UpdateHeader) -> bool:
         """Whether this (agent, round, seq) was applied already."""

@@ -66,6 +66,7 @@ def job_info(config: EngineConfig) -> Outbound | None:
         feedback=config.feedback,
         family=jobinfo.family_of(config.feedback),
         compressors=tuple(COMPRESSOR_IDS),
+        batch_size=config.batch_size,
     )
     return Outbound(topics.job_info(config.job), info.dump(), retain=True)
 

@@ -199,7 +199,7 @@ class RoundEngine:
         ``step_rule`` (:mod:`aggregator.engine.stepsize`; times ``ef21_step_factor`` in an EF21
         job). A job with ``dir`` agents steps exactly 1/L: they are family *mean* (factor
         1), and admission refuses them when a step size is configured."""
-        return self.model.gamma(a.hello for a in self.registry)
+        return self.model.gamma((a.hello for a in self.registry), self.version)
 
     def counted(self) -> Participation:
         """Who the open sync round counts (:mod:`aggregator.engine.registry`)."""

@@ -17,6 +17,13 @@ local constant L_i (``smoothness``) and shard size n_i (``rows``) by one of two 
     close to the mean but not bit-identical to it.
 
 The result is clipped to ``[min_smoothness, max_smoothness]``.
+
+Stochastic jobs (agents sending minibatch gradients) add a decaying schedule on top of
+that constant step: :func:`scheduled` gives ``min(gamma, 2 / (lambda (t + t0)))`` at model
+version ``t``, the ``O(1/t)`` step under which SGD on a ``lambda``-strongly convex
+objective converges in expectation, while the constant ``1/L`` step only reaches a
+noise ball whose radius grows with the gradient variance (docs/algorithm.md, "Stochastic
+gradients"). ``t0`` delays the decay (the step stays ``gamma`` for longer).
 """
 
 from __future__ import annotations
@@ -35,6 +42,21 @@ def gamma(
 ) -> float:
     """``factor / L`` (0.0 before any hello: nothing to step with yet)."""
     return factor / smoothness(hellos, rule, limits) if hellos else 0.0
+
+
+def scheduled(gamma: float, version: int, l2: float | None, t0: float = 0.0) -> float:
+    """``gamma`` decayed for stochastic gradients: ``min(gamma, 2 / (l2 (version + t0)))``.
+
+    ``l2`` is the objective's strong-convexity constant lambda (the L2 weight of the
+    regularised models); None: no schedule, ``gamma`` itself. Before the decay can bite
+    (``version + t0 <= 0``) the step is ``gamma``.
+    """
+    if l2 is None:
+        return gamma
+    if not l2 > 0:
+        raise ValueError(f"scheduled: the strong-convexity constant must be > 0, got {l2}")
+    horizon = version + t0
+    return gamma if horizon <= 0 else min(gamma, 2.0 / (l2 * horizon))
 
 
 def smoothness(hellos: Sequence[messages.Hello], rule: StepRule, limits: Limits) -> float:

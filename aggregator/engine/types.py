@@ -97,6 +97,14 @@ class EngineConfig:
     #: ``any``: the first accepted hello fixes it (the library default; the service's
     #: ``AGG_FEEDBACK`` defaults to ``ef21``, the agent's default)
     feedback: FeedbackSetting = "any"
+    #: stochastic jobs: the step decays as min(gamma, 2 / (schedule_l2 (t + schedule_t0)))
+    #: at version t (aggregator.engine.stepsize.scheduled); schedule_l2 is the objective's
+    #: strong-convexity constant (the model's l2). None: the constant step.
+    schedule_l2: float | None = None
+    schedule_t0: float = 0.0
+    #: the minibatch an agent of this job must use: rows (an integer) or a fraction of its
+    #: shard; None: any (full gradients included). A hello claiming another is refused.
+    batch_size: float | None = None
 
     def __post_init__(self) -> None:
         topics.validate_id(self.job, "job id")
@@ -120,6 +128,9 @@ class EngineConfig:
             (self.step_rule in ("mean", "median"), "step_rule must be mean or median"),
             (self.participation_window >= 1, "participation_window must be >= 1"),
             (self.max_agents >= 1, "max_agents must be >= 1"),
+            (self.schedule_l2 is None or self.schedule_l2 > 0, "schedule_l2 must be > 0"),
+            (self.schedule_t0 >= 0, "schedule_t0 must be >= 0"),
+            (self.batch_size is None or self.batch_size > 0, "batch_size must be > 0"),
             (self.feedback in FEEDBACK_SETTINGS, "feedback must be none, ef, ef21, dir or any"),
             (
                 self.dedupe_window >= max(1, self.max_staleness),

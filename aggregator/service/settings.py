@@ -165,6 +165,20 @@ class Settings(BaseSettings):
         "hello of the other family is refused wrong_semantics. any: the first accepted hello "
         "fixes it.",
     )
+    batch_size: float | None = Field(
+        None,
+        gt=0,
+        description="Minibatch SGD: the batch every agent must use (rows, or a fraction of its "
+        "shard like 0.1), announced on cat/<job>/job; an agent with another gives up. "
+        "Unset: any, full gradients included.",
+    )
+    schedule_l2: float | None = Field(
+        None,
+        gt=0,
+        description="Stochastic step schedule: gamma_t = min(gamma, 2 / (l2 (t + t0))) with "
+        "this strong-convexity constant (the model's l2); unset: the constant step.",
+    )
+    schedule_t0: float = Field(0.0, ge=0, description="t0 of the stochastic step schedule.")
     max_agents: int = Field(
         1000,
         ge=1,
@@ -338,6 +352,9 @@ class Settings(BaseSettings):
             participation_window=self.participation_window,
             max_agents=self.max_agents,
             feedback=self.feedback,
+            batch_size=self.batch_size,
+            schedule_l2=self.schedule_l2,
+            schedule_t0=self.schedule_t0,
             mac=self.mac_policy(),
             limits=Limits(
                 max_rows=self.max_rows,

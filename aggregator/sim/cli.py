@@ -20,6 +20,7 @@ from aggregator.sim.problem import Fleet, Problem, build_fleet, build_problem
 from aggregator.sim.report import (
     DIRECTIONS,
     ProgressBar,
+    gradient_lines,
     plot_results,
     plot_unavailable,
     summary_table,
@@ -90,6 +91,19 @@ def _fleet_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=0.5,
         help="EF21 methods step with factor/L unless --step-size is given (AGG_EF21_STEP_FACTOR)",
+    )
+    f.add_argument(
+        "--batch-size",
+        type=float,
+        help="minibatch SGD: every agent's batch, rows (e.g. 64) or a fraction of its shard "
+        "(e.g. 0.1); the step then decays as min(gamma, 2/(l2 (t + t0))) (AGG_BATCH_SIZE, "
+        "AGG_SCHEDULE_L2). Default: full local gradients",
+    )
+    f.add_argument(
+        "--schedule-t0",
+        type=float,
+        default=0.0,
+        help="t0 of the stochastic step schedule (with --batch-size; AGG_SCHEDULE_T0)",
     )
 
 
@@ -261,6 +275,10 @@ def _prepare(
     plan = make_plan(args)
     if any(c.max_rounds < 1 for c in plan.cases):
         raise ValueError(f"--max-rounds must be >= 1, got {args.max_rounds}")
+    if args.batch_size is not None and not args.batch_size > 0:
+        raise ValueError(f"--batch-size must be > 0 (rows or a fraction), got {args.batch_size}")
+    if args.schedule_t0 < 0:
+        raise ValueError(f"--schedule-t0 must be >= 0, got {args.schedule_t0}")
     if args.eval_every < 0:
         raise ValueError(f"--eval-every must be >= 0, got {args.eval_every}")
     problem = build_problem(
@@ -332,10 +350,14 @@ def _run(args: argparse.Namespace) -> int:
                     downlink_pacing=not args.no_downlink_pacing,
                     aggregation=args.aggregation,
                     hostile=args.hostile,
+                    batch_size=args.batch_size,
+                    schedule_t0=args.schedule_t0,
                 )
                 bar.end(res)
                 results.append(res)
     print(summary_table(results, targets), flush=True)
+    if args.batch_size is not None:
+        print(gradient_lines(results, targets), flush=True)
     if args.json:
         write_json(results, targets, args.json)
     if args.plot:

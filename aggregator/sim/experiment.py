@@ -89,6 +89,8 @@ class Trace:
     down_wait_s: list[float] = field(default_factory=list)
     #: what the agents received up to x_k, snapshots included (a Cost per round)
     down: list[Cost] = field(default_factory=list)
+    #: rows whose gradient the agents evaluated up to x_k (one full pass: every row once)
+    grad_rows: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -109,6 +111,8 @@ class RunResult:
     downlink: DownlinkMode = "exact"
     #: every limit the cost model knows, checked on the ledgers at the end (aggregator.sim.audit)
     margins: tuple[Margin, ...] = ()
+    #: the agents' minibatch (rows or a fraction of each shard); None: full gradients
+    batch_size: float | None = None
 
 
 # --------------------------------------------------------------------------- set-up
@@ -125,10 +129,14 @@ def open_fleet(
     downlink_pacing: bool = True,
     aggregation: str = "mean",
     hostile: float | None = None,
+    batch_size: float | None = None,
+    schedule_t0: float = 0.0,
 ) -> FleetHarness:
     """The engine (full quorum, no deadline or liveness timeout) and one agent per shard,
     not started. Close the harness when done. ``aggregation``: ``AGG_AGGREGATION``;
-    ``hostile``: agent 0's updates reach the engine scaled by it (aggregator.sim.hostile)."""
+    ``hostile``: agent 0's updates reach the engine scaled by it (aggregator.sim.hostile);
+    ``batch_size``: minibatch SGD, the engine then decays the step as
+    ``min(gamma, 2 / (l2 (t + schedule_t0)))`` (aggregator.engine.stepsize.scheduled)."""
     model = problem.model
     lookup = {p.name: p for p in fleet.profiles}
     engine = RoundEngine(
@@ -148,6 +156,9 @@ def open_fleet(
             # every agent runs the method's feedback, so the first hello's family is the
             # method's; "any" (not announced) keeps runs byte-comparable with earlier ones
             feedback="any",
+            batch_size=batch_size,
+            schedule_l2=model.l2 if batch_size is not None and model.l2 > 0 else None,
+            schedule_t0=schedule_t0,
         ),
         x0=model.initial_point(),
         profiles=lookup.get,
@@ -167,6 +178,7 @@ def open_fleet(
                 seed=agent_seed(problem.seed, i),
                 resend_s=None,
                 duty_cycle="ignore",
+                batch_size=batch_size,
             )
             harness.add_agent(
                 config,
@@ -364,8 +376,15 @@ def _train(
         harness.deliver()
         book.record_cost(clock.now)
         radio_before = _radio_busy_s(harness.agents)
+        book.trace.grad_rows.append(sum(a.gradient_rows for a in harness.agents))
         done = _updates_of_round(harness, k)
-        f_k = book.objective(done)
+        # minibatch losses are not f_i(x_k): evaluate the objective on all the data
+        stochastic = harness.engine.config.batch_size is not None
+        f_k = (
+            problem.model.loss(engine.broadcast_model, problem.data)
+            if stochastic
+            else book.objective(done)
+        )
         if k == 0 or (eval_every > 0 and k % eval_every == 0):
             _check_objective(problem, engine.broadcast_model, f_k, k)
         sub = book.observe(k, f_k)
@@ -409,6 +428,8 @@ def run_method(
     downlink_pacing: bool = True,
     aggregation: str = "mean",
     hostile: float | None = None,
+    batch_size: float | None = None,
+    schedule_t0: float = 0.0,
 ) -> RunResult:
     """Train ``method`` on ``fleet`` until the smallest target or ``max_rounds``.
 
@@ -428,6 +449,8 @@ def run_method(
         downlink_pacing=downlink_pacing,
         aggregation=aggregation,
         hostile=hostile,
+        batch_size=batch_size,
+        schedule_t0=schedule_t0,
     ) as harness:
         harness.start()
         harness.pump(strict=True)
@@ -462,6 +485,7 @@ def run_method(
             step_size=harness.engine.gamma(),
             downlink=downlink,
             margins=tuple(margins),
+            batch_size=batch_size,
         )
 
 

@@ -69,6 +69,37 @@ def _at_target(result: RunResult, k: int | None) -> dict[str, Any]:
     }
 
 
+def _gradients(result: RunResult, k: int | None) -> dict[str, Any]:
+    """Minibatch runs only (full-gradient records keep their fields): the batch size and
+    the gradient evaluations to round ``k``, in rows and in passes over all the data."""
+    if result.batch_size is None:
+        return {}
+    rows = None if k is None else result.trace.grad_rows[k]
+    total = sum(s.n_rows for s in result.fleet.shards)
+    return {
+        "batch_size": result.batch_size,
+        "grad_rows": rows,
+        "grad_passes": None if rows is None else rows / total,
+    }
+
+
+def gradient_lines(results: Sequence[RunResult], targets: Sequence[float]) -> str:
+    """For minibatch runs: rounds, gradient passes and total bytes to each target, one line
+    per (fleet, method, target); empty when no run used a minibatch."""
+    lines = []
+    for r in results:
+        for rec in records(r, targets):
+            if "grad_passes" in rec:
+                passes = rec["grad_passes"]
+                lines.append(
+                    f"{r.fleet.label}: {rec['method']} batch {rec['batch_size']:g} to "
+                    f"{rec['target']:g}: rounds {_fmt(rec['rounds'])}, gradient passes "
+                    f"{'-' if passes is None else f'{passes:.1f}'}, total bytes "
+                    f"{_fmt(rec['total_bytes'])}"
+                )
+    return "\n".join(lines)
+
+
 def records(result: RunResult, targets: Sequence[float]) -> list[dict[str, Any]]:
     """One JSON record per target (null costs where the target was not reached)."""
     fleet = result.fleet
@@ -84,6 +115,7 @@ def records(result: RunResult, targets: Sequence[float]) -> list[dict[str, Any]]
             "target": eps,
             "rounds": result.reached.get(eps),
             **_at_target(result, result.reached.get(eps)),
+            **_gradients(result, result.reached.get(eps)),
             "agents": fleet.agents,
             "profile": fleet.profile_label,
             "rows": sum(s.n_rows for s in fleet.shards),
@@ -347,6 +379,7 @@ __all__ = [
     "PLOT_HINT",
     "TIMING_FIELDS",
     "ProgressBar",
+    "gradient_lines",
     "plot_results",
     "plot_unavailable",
     "records",

@@ -40,6 +40,7 @@ from edge_agent.numerics.curvature import (
 )
 from edge_agent.numerics.feedback import FEEDBACK, Feedback
 from edge_agent.numerics.models import Model
+from edge_agent.numerics.sampling import EpochSampler, batch_rows
 from edge_agent.numerics.selection import Policy, Price, make_price, parse_policy
 from edge_agent.protocol import jobinfo, messages, topics
 from edge_agent.protocol.downlink import (
@@ -88,8 +89,18 @@ class AgentConfig:
     #: the downlink group it receives job-wide messages on (hello ``group``); None: the
     #: profile's shared downlink names it, or there is none (unicast)
     group: str | None = None
+    #: minibatch SGD: rows per gradient (an integer) or a fraction of the shard in (0, 1);
+    #: None: the full local gradient. Rows drawn without replacement per epoch (sampling.py).
+    batch_size: float | None = None
 
     def __post_init__(self) -> None:
+        if self.batch_size is not None and not self.batch_size > 0:
+            raise ValueError(f"batch_size must be > 0 (rows or a fraction), got {self.batch_size}")
+        if self.batch_size is not None and self.curvature == "directional":
+            raise ValueError(
+                "curvature='directional' prices the exact local gradient: use batch_size=None "
+                "or curvature='global'"
+            )
         if self.curvature not in ("global", "directional"):
             raise ValueError(f"curvature must be 'global' or 'directional', got {self.curvature!r}")
         if self.curvature == "global":
@@ -136,6 +147,18 @@ class Agent:
         self.clock = clock
         self.on_round = on_round
         self.rng = np.random.default_rng(config.seed)
+        #: the minibatch sampler (its own stream of the seed), None for full gradients
+        self.sampler: EpochSampler | None = (
+            None
+            if config.batch_size is None
+            else EpochSampler(
+                data.n_rows,
+                batch_rows(config.batch_size, data.n_rows),
+                np.random.default_rng([config.seed, 1]),
+            )
+        )
+        #: rows whose gradient was evaluated over all rounds (one full pass = data.n_rows)
+        self.gradient_rows = 0
         self.policy: Policy = parse_policy(config.policy)
         self.feedback: Feedback = FEEDBACK[config.feedback](model.d)
         fit_rng = np.random.default_rng(config.seed)
@@ -146,7 +169,13 @@ class Agent:
         )
         family = semantics_family(self.semantics)
         self._fit = jobinfo.Fit(
-            config.job, config.agent_id, model.d, model.kind, self.semantics, config.compressor
+            config.job,
+            config.agent_id,
+            model.d,
+            model.kind,
+            self.semantics,
+            config.compressor,
+            config.batch_size,
         )
         #: the model copy, kept bit-identical to the aggregator's (or its broadcast model)
         self.replica = Replica(model.d, family)
@@ -466,7 +495,9 @@ class Agent:
         assert self.x is not None and self.version is not None
         cfg = self.config
         t0 = time.perf_counter()
-        loss, g = self.model.loss_grad(self.x, self.data)
+        batch = self.data if self.sampler is None else self.data.take(self.sampler.next())
+        loss, g = self.model.loss_grad(self.x, batch)
+        self.gradient_rows += batch.n_rows
         t1 = time.perf_counter()
         v = self.feedback.prepare(g)
         price = make_price(

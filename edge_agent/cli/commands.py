@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -165,7 +165,7 @@ def _build_agent(args: argparse.Namespace) -> Agent:
         agent_id=agent_id,
         compressor=args.compressor,
         policy=args.policy,
-        feedback=args.feedback or ("none" if _directional(args) else "ef21"),
+        feedback=args.feedback or _default_feedback(args),
         value_dtype=args.value_dtype,
         seed=args.seed,
         resend_s=None if args.resend_s <= 0 else args.resend_s,
@@ -175,6 +175,7 @@ def _build_agent(args: argparse.Namespace) -> Agent:
         max_refusals=args.max_refusals,
         mac_key=None if args.mac_key_file is None else read_key(args.mac_key_file),
         group=args.group,
+        batch_size=args.batch_size,
     )
     transport = open_transport(
         args.server,
@@ -445,6 +446,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="seed of this agent's random choices (randk, power iteration)",
     )
     run.add_argument(
+        "--batch-size",
+        type=float,
+        default=None,
+        help="minibatch SGD: rows per gradient (e.g. 64) or a fraction of the shard (e.g. 0.1); "
+        "default: the full local gradient. With it the default feedback is 'ef' (classic "
+        "error feedback; EF21 stalls on noisy gradients, docs/algorithm.md)",
+    )
+    run.add_argument(
         "--max-refusals",
         type=int,
         default=3,
@@ -627,6 +636,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _directional(args: argparse.Namespace) -> bool:
     """``--curvature directional`` prices the gradient itself: no error feedback by default."""
     return bool(getattr(args, "curvature", "global") == "directional")
+
+
+def _default_feedback(args: argparse.Namespace) -> Literal["none", "ef", "ef21"]:
+    """No feedback for directional pricing, classic EF for minibatch SGD, EF21 otherwise."""
+    if _directional(args):
+        return "none"
+    return "ef" if getattr(args, "batch_size", None) is not None else "ef21"
 
 
 def _describe(exc: Exception) -> str:

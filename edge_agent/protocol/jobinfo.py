@@ -62,9 +62,14 @@ class JobInfo(BaseModel):
     #: ``mean`` or ``ef21``; null while ``feedback`` is ``any`` and no agent fixed it
     family: Literal["mean", "ef21"] | None = None
     compressors: tuple[str, ...]
+    #: the minibatch every agent must use (rows, or a fraction of its shard; AGG_BATCH_SIZE);
+    #: null: any, full local gradients included
+    batch_size: float | None = Field(default=None, gt=0)
 
     def dump(self) -> bytes:
-        return self.model_dump_json().encode()
+        """The JSON announcement; ``batch_size`` only when set (older agents' view unchanged)."""
+        unset = {"batch_size"} if self.batch_size is None else None
+        return self.model_dump_json(exclude=unset).encode()
 
 
 def parse(payload: bytes) -> JobInfo | None:
@@ -94,7 +99,14 @@ def wrong_d_fix(d: int) -> str:
 
 
 def conflict(
-    info: JobInfo, *, job: str, d: int, model: str, semantics: str, compressor: str
+    info: JobInfo,
+    *,
+    job: str,
+    d: int,
+    model: str,
+    semantics: str,
+    compressor: str,
+    batch_size: float | None = None,
 ) -> str | None:
     """One line naming the job's value, the agent's and the fix; None when they fit."""
     if info.job != job:
@@ -117,6 +129,12 @@ def conflict(
             f"job {job} accepts compressors {', '.join(info.compressors)}, this agent "
             f"{compressor!r}: run it with --compressor {info.compressors[0]}"
         )
+    if info.batch_size is not None and batch_size != info.batch_size:
+        return (
+            f"job {job} runs minibatch SGD with batch size {info.batch_size:g} "
+            f"(AGG_BATCH_SIZE), this agent {'full gradients' if batch_size is None else f'{batch_size:g}'}: "
+            f"run it with --batch-size {info.batch_size:g}"
+        )
     return None
 
 
@@ -130,6 +148,7 @@ class Fit:
     model: str
     semantics: str
     compressor: str
+    batch_size: float | None = None
 
 
 @dataclass(frozen=True)
@@ -160,6 +179,7 @@ def judge(topic: str, payload: bytes, fit: Fit) -> Verdict | None:
         model=fit.model,
         semantics=fit.semantics,
         compressor=fit.compressor,
+        batch_size=fit.batch_size,
     )
     give_up = None if line is None else f"agent {fit.agent_id} does not fit the job: {line}"
     return Verdict(line, give_up)

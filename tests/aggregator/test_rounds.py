@@ -754,3 +754,13 @@ def test_updates_that_arrive_before_the_job_starts_enter_its_first_round() -> No
     eng.handle(*upd("c", topk_update(G_A + G_B, 4)), 3.0)
     assert eng.version == 1 and eng.last_record is not None
     assert eng.last_record.participants == ("a", "b", "c")
+
+
+def test_the_stochastic_schedule_decays_the_step_as_2_over_lambda_t() -> None:
+    from aggregator.engine.stepsize import scheduled
+
+    assert scheduled(0.5, 10, None) == 0.5
+    assert scheduled(0.5, 0, 0.01) == 0.5  # nothing to decay before the first version
+    assert scheduled(0.5, 1000, 0.01) == pytest.approx(2 / (0.01 * 1000))
+    assert scheduled(0.5, 1000, 0.01, t0=1000) == pytest.approx(2 / (0.01 * 2000))
+    assert scheduled(0.5, 10, 0.01) == 0.5  # min with the constant step

@@ -180,3 +180,27 @@ def test_the_table_shows_both_directions_and_the_time(
     assert int(row["total_bytes"]) == rec["bytes"] + rec["down_bytes"]
     assert float(row["sim_time_s"]) == pytest.approx(rec["sim_time_s"], rel=1e-3)
     assert rec["sim_time_s"] > 0
+
+
+def test_minibatch_runs_report_gradient_passes_and_reach_the_target(tmp_path: Path) -> None:
+    records = run_cli(
+        tmp_path,
+        "sgd",
+        "--agents",
+        "5",
+        "--batch-size",
+        "0.1",
+        "--methods",
+        "dense,cat-signtopk+ef",
+        "--targets",
+        "1e-1",
+    )
+    assert {r["method"] for r in records} == {"dense", "cat-signtopk+ef"}
+    for r in records:
+        assert r["batch_size"] == 0.1 and r["rounds"] is not None
+        # 10 % of every shard per round: a tenth of a pass per round
+        assert r["grad_passes"] == pytest.approx(r["rounds"] / 10, rel=0.05)
+
+
+def test_full_gradient_records_carry_no_gradient_fields(single: list[dict[str, Any]]) -> None:
+    assert all("grad_passes" not in r and "batch_size" not in r for r in single)

@@ -293,3 +293,21 @@ def test_ef21_agent_marks_its_updates(memory_url: str, peer: Peer, shard: Datase
     peer.pump()
     drive(agent, peer, 2)
     assert {h.semantics for h in peer.updates} == {"ef21"}
+
+
+def test_minibatch_agent_evaluates_only_its_batch_and_still_descends(
+    memory_url: str, peer: Peer, shard: Dataset
+) -> None:
+    agent = make_agent(memory_url, shard, batch_size=0.1, feedback="ef")
+    peer.lipschitz = agent.smoothness
+    agent.start()
+    peer.pump()
+    drive(agent, peer, 40)
+    assert agent.gradient_rows == 40 * 20  # 10 % of 200 rows per round, not the shard
+    assert agent.x is not None and np.array_equal(agent.x, peer.x)
+    assert agent.model.loss(agent.x, shard) < agent.model.loss(np.zeros(D), shard)
+
+
+def test_directional_pricing_refuses_a_minibatch() -> None:
+    with pytest.raises(ValueError, match="batch_size"):
+        AgentConfig(job=JOB, agent_id="a1", curvature="directional", batch_size=0.1)

@@ -150,3 +150,11 @@ def test_a_later_refusal_does_not_clear_the_give_up_and_an_earlier_one_does_not_
 def refused(reason: str) -> Message:
     ctl = messages.Control(cmd="refused", agent="me", reason=reason, detail="job runs ef21")
     return Message(topics.control(JOB), messages.dump(ctl))
+
+
+def test_a_job_with_a_batch_size_names_it_and_the_flag() -> None:
+    job = info(batch_size=0.1)
+    assert conflict(job, batch_size=0.1) is None
+    line = conflict(job)
+    assert line is not None and "batch size 0.1" in line and "--batch-size 0.1" in line
+    assert conflict(info(), batch_size=0.1) is None  # a job without one takes any

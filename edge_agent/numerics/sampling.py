@@ -1,0 +1,79 @@
+"""Minibatch sampling for stochastic gradients: without replacement within an epoch.
+
+A batch size is given either as a number of rows (an integer >= 1) or as a fraction of the
+shard (a float in (0, 1)); :func:`batch_rows` turns it into rows. :class:`EpochSampler`
+draws a fresh permutation of the shard's rows each epoch (one ``Generator.permutation``
+call, no Python loop over rows) and hands out consecutive slices of it, so every row is
+used exactly once per epoch; a batch that would cross the epoch's end is completed from
+the next permutation, so every batch has exactly the requested size.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+IndexArray = npt.NDArray[np.int64]
+
+
+def batch_rows(batch_size: float, n_rows: int) -> int:
+    """Rows per batch for ``batch_size`` (rows, or a fraction in (0, 1)) on ``n_rows`` rows.
+
+    A fraction rounds to the nearest row, at least 1; a row count is capped at ``n_rows``.
+    ValueError for a non-positive size, a non-integral count above 1, or an empty shard.
+    """
+    if n_rows < 1:
+        raise ValueError(f"batch_rows: the shard has no rows (n_rows={n_rows})")
+    if not batch_size > 0:
+        raise ValueError(
+            f"batch size must be > 0 (rows, or a fraction in (0, 1)), got {batch_size}"
+        )
+    if batch_size < 1:
+        return max(1, round(batch_size * n_rows))
+    if batch_size != int(batch_size):
+        raise ValueError(
+            f"batch size {batch_size} is neither a row count (an integer) nor a fraction < 1"
+        )
+    return min(int(batch_size), n_rows)
+
+
+class EpochSampler:
+    """Row indices of successive minibatches of ``rows`` out of ``n_rows``, per-epoch shuffled."""
+
+    def __init__(self, n_rows: int, rows: int, rng: np.random.Generator) -> None:
+        if not 1 <= rows <= n_rows:
+            raise ValueError(f"EpochSampler: rows must lie in [1, n_rows={n_rows}], got {rows}")
+        self.n_rows = n_rows
+        self.rows = rows
+        self.rng = rng
+        self.epochs = 0
+        self._order: IndexArray = np.empty(0, dtype=np.int64)
+        self._pos = 0
+
+    @property
+    def full(self) -> bool:
+        """True when a batch is the whole shard (the gradient is then exact)."""
+        return self.rows == self.n_rows
+
+    def _new_epoch(self) -> None:
+        self._order = self.rng.permutation(self.n_rows).astype(np.int64, copy=False)
+        self._pos = 0
+        self.epochs += 1
+
+    def next(self) -> IndexArray:
+        """The next batch's row indices (distinct within the batch, sorted)."""
+        if self._pos >= self._order.size:
+            self._new_epoch()
+        take = self._order[self._pos : self._pos + self.rows]
+        self._pos += take.size
+        if take.size < self.rows:  # finish the batch from the next epoch, no repeats
+            self._new_epoch()
+            fresh = self._order[~np.isin(self._order, take)][: self.rows - take.size]
+            # the next epoch starts with the rows lent to this batch, in its own order
+            self._order = np.concatenate((fresh, self._order[~np.isin(self._order, fresh)]))
+            self._pos = fresh.size
+            take = np.concatenate((take, fresh))
+        return np.sort(take).astype(np.int64, copy=False)
+
+
+__all__ = ["EpochSampler", "batch_rows"]
