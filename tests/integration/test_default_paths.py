@@ -133,14 +133,18 @@ def run_job(request: pytest.FixtureRequest, tmp_path: Path, shards: list[Path]) 
             run.aggregator.close()
 
 
-def wait_trained(run: Run) -> list[dict[str, Any]]:
-    """Wait for :data:`VERSIONS` versions on ``/status``; ``/agents`` then."""
+def wait_trained(run: Run, each: int = 0) -> list[dict[str, Any]]:
+    """Wait for :data:`VERSIONS` versions on ``/status`` and, with ``each``, for every agent
+    to have that many updates accepted (a late joiner catches up); ``/agents`` then."""
 
     def trained() -> bool:
         for a in run.agents:
             if a.proc.poll() is not None:
                 raise AssertionError(f"{a.agent_id} exited with {a.proc.returncode}")
-        return int(run.aggregator.status()["model_version"]) >= VERSIONS
+        if int(run.aggregator.status()["model_version"]) < VERSIONS:
+            return False
+        accepted = [int(a["updates_accepted"]) for a in run.aggregator.get("/agents")]
+        return len(accepted) == len(run.agents) and min(accepted) >= each
 
     wait_until(trained, TRAIN_TIMEOUT_S, f"{VERSIONS} versions", diagnose=run.diagnose)
     return list(run.aggregator.get("/agents"))
@@ -180,7 +184,7 @@ def test_three_agents_on_three_profiles_train_with_the_defaults(
     run_job: Any, transport: str
 ) -> None:
     run = run_job(transport, "exact", 3)
-    agents = {a["agent"]: a for a in wait_trained(run)}
+    agents = {a["agent"]: a for a in wait_trained(run, each=3)}
     assert sorted(agents) == ["pi-00", "pi-01", "pi-02"], agents
     assert {a["profile"] for a in agents.values()} == set(PROFILES)
     for a in agents.values():  # each one took part, not only the fastest

@@ -121,7 +121,8 @@ def test_the_installed_wheel_is_what_runs(installed: Installed) -> None:
     done = installed.run(
         installed.script("python"),
         "-c",
-        "import aggregator, edge_agent, numpy; print(edge_agent.__file__); "
+        "import aggregator, edge_agent, edge_agent.links.profiles, numpy; "
+        "print(edge_agent.__file__); "
         "print(aggregator.__file__); print(edge_agent.links.profiles.default_profiles_dir())",
     )
     assert done.returncode == 0, done.stderr
