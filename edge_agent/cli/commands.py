@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import json
 import logging
 import os
@@ -109,6 +110,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
+    if hasattr(signal, "SIGUSR1"):  # `kill -USR1 <pid>`: every thread's stack on stderr
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         agent.start()
     except TransportConfigError as exc:

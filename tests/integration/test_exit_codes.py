@@ -219,7 +219,15 @@ def _stopped_with(cmd: list[str], ready: str, signum: int, env: dict[str, str]) 
         _wait_for_line(proc, ready)
         time.sleep(1.0)  # past the line: the signal handlers are installed
         proc.send_signal(signum)
-        proc.communicate(timeout=TIMEOUT_S)
+        try:
+            proc.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            # still running: ask for every thread's stack (SIGUSR1), so a hang says where
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(2.0)
+            proc.kill()
+            _, err = proc.communicate(timeout=10)
+            pytest.fail(f"no exit within {TIMEOUT_S} s of signal {signum}; stacks:\n{err}")
     finally:
         if proc.poll() is None:
             proc.kill()
