@@ -92,15 +92,23 @@ class Update:
 
 
 def top_indices(absg: FloatArray, t: int) -> IntArray:
-    """Indices of the t largest entries of ``absg``, sorted ascending (ties: any)."""
+    """Indices of the t largest entries of ``absg``, sorted ascending.
+
+    The set is canonical, that of ``np.argsort(-absg, kind="stable")[:t]``: among entries
+    equal to the t-th largest magnitude the lowest indices are taken. A partition alone
+    would pick any of them, and which depends on the array it partitions, so two exact
+    selectors (or two versions of one) could send different, equally valid updates."""
     d = absg.size
     if t >= d:
         return np.arange(d, dtype=np.int64)
     if t <= 0:
         return np.zeros(0, dtype=np.int64)
-    idx = np.argpartition(absg, d - t)[d - t :]
-    idx.sort()
-    return idx.astype(np.int64, copy=False)
+    tau = np.partition(absg, d - t)[d - t]  # the t-th largest magnitude
+    above = absg > tau
+    need = t - int(np.count_nonzero(above))
+    if need:
+        above[np.flatnonzero(absg == tau)[:need]] = True
+    return np.flatnonzero(above).astype(np.int64, copy=False)
 
 
 def _round(values: FloatArray, dtype: ValueDtype) -> npt.NDArray[np.floating]:

@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from edge_agent.errors import lookup
-from edge_agent.numerics.compressors import ValueDtype
+from edge_agent.numerics.compressors import ValueDtype, top_indices
 from edge_agent.protocol.wire import update_sizer
 
 FloatArray = npt.NDArray[np.float64]
@@ -202,12 +202,9 @@ def select(
                 )
                 <= best
             ):
-                top = (
-                    cand
-                    if best_t == cand.size
-                    else cand[np.argpartition(cand_mags, cand.size - best_t)[cand.size - best_t :]]
-                )
-                return Selection(best_t, best, np.sort(top).astype(np.int64), widenings)
+                # cand is ascending, so the canonical top set of the candidates is that of g
+                top = cand[top_indices(cand_mags, best_t)]
+                return Selection(best_t, best, top.astype(np.int64, copy=False), widenings)
         widenings += 1
         want *= 4
 

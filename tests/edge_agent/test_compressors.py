@@ -136,3 +136,11 @@ def test_gains_match_the_descent_lemma_on_the_worst_case_quadratic(
 def test_top_indices_are_sorted_ascending() -> None:
     absg = np.array([0.1, 5.0, 0.3, 4.0, 2.0])
     assert top_indices(absg, 3).tolist() == [1, 3, 4]
+
+
+@pytest.mark.parametrize("t", [1, 3, 17, 64, 199, 200])
+def test_top_indices_take_the_lowest_indices_among_equal_magnitudes(t: int) -> None:
+    rng = np.random.default_rng(t)
+    absg = rng.integers(0, 5, size=200).astype(np.float64)  # ties everywhere
+    want = np.sort(np.argsort(-absg, kind="stable")[:t])
+    assert top_indices(absg, t).tolist() == want.tolist()

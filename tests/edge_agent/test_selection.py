@@ -76,6 +76,28 @@ def test_ties_go_to_the_smallest_t(seed: int, d: int, levels: int) -> None:
     assert fast.t == int(np.flatnonzero(ratio == ratio.max())[0]) + 1
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    d=st.integers(2000, 30000),
+    link=st.sampled_from(LINKS),
+    compressor=st.sampled_from(["topk", "signtopk"]),
+)
+def test_equal_magnitudes_pick_the_same_entries_as_the_exhaustive_sort(
+    seed: int, d: int, link: Link, compressor: str
+) -> None:
+    """The fast path's top set is canonical (equal magnitudes: the lowest indices), whatever
+    candidate set its threshold passes found: the same update as the full stable sort."""
+    rng = np.random.default_rng(seed)
+    g = np.round(heavy_tailed(rng, d), 1)  # many entries share a magnitude
+    price = sel.make_price(link, compressor, d=d, job="demo", agent="pi-01", round=3)
+    fast = sel.select(g, compressor, price)
+    slow = sel.select_exhaustive(g, compressor, price)
+    assert fast.t == slow.t
+    assert fast.indices is not None and slow.indices is not None
+    np.testing.assert_array_equal(fast.indices, slow.indices)
+
+
 def test_select_returns_the_top_t_indices() -> None:
     g = np.array([0.0, 5.0, -7.0, 1.0, 3.0, -0.5])
     price = sel.make_price(Link(100.0, 0.0, 1.0, 10**9), "topk", d=g.size, job="j", agent="a")
