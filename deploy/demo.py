@@ -493,10 +493,11 @@ def main() -> int:
     ap.add_argument("--max-rounds", type=int, default=5000)
     ap.add_argument(
         "--downlink",
-        default="cat",
-        choices=["exact", "delta", "cat"],
-        help="how the aggregator broadcasts the model (AGG_DOWNLINK): cat, a compressed change "
-        "with error feedback, costs the fleet the least to receive",
+        default="auto",
+        choices=["auto", "exact", "delta", "cat"],
+        help="how the aggregator broadcasts the model (AGG_DOWNLINK): auto (the service's "
+        "default) chooses per version between the exact relay and cat, a compressed change "
+        "with error feedback",
     )
     ap.add_argument(
         "--feedback",

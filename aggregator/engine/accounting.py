@@ -20,7 +20,9 @@ import numpy.typing as npt
 
 from edge_agent.links.cost import ZERO, Cost
 from edge_agent.links.profiles import CostProfile
+from edge_agent.links.shared import SharedDownlink
 from edge_agent.protocol import wire
+from edge_agent.protocol.fragments import FRAME_HEADER_BYTES, frame_cut, parity_frames_for
 
 log = logging.getLogger("aggregator.engine.accounting")
 
@@ -299,15 +301,26 @@ class Pricer:
         return Cost(1, size) if profile is None else self._cost(profile, size)
 
     def down_prices(
-        self, profile_names: Iterable[str]
+        self, receivers: Iterable[str | tuple[str, str | None]]
     ) -> list[Callable[[npt.NDArray[np.int64]], npt.NDArray[np.float64]]]:
-        """Each known profile's receiving cost function (objective unit, vectorised)."""
-        out: list[Callable[[npt.NDArray[np.int64]], npt.NDArray[np.float64]]] = []
-        for name in dict.fromkeys(profile_names):
-            profile = self.profile(name)
-            if profile is not None:
-                out.append(profile.downlink_objective_cost)
-        return out
+        """Each receiving cost function (objective unit, vectorised over message sizes):
+        one per known unicast profile, and one per shared downlink group, counted once
+        for the whole group (``receivers``: profile names, or (profile, group) pairs with
+        the group None for a unicast receiver, as
+        :meth:`aggregator.engine.downlink.pacing.DownlinkTraffic.group_of` says)."""
+        out: dict[str, Callable[[npt.NDArray[np.int64]], npt.NDArray[np.float64]]] = {}
+        for item in receivers:
+            name, group = (item, None) if isinstance(item, str) else item
+            key = name if group is None else "@" + group
+            profile = None if key in out else self.profile(name)
+            if profile is None:
+                continue
+            shared = profile.shared_downlink
+            if group is None or shared is None:
+                out[key] = profile.downlink_objective_cost
+            else:
+                out[key] = _shared_price(shared, profile.objective)
+        return list(out.values())
 
     def _cost(self, profile: CostProfile, size: int) -> Cost:
         """One update message of ``size`` bytes on ``profile`` (cached)."""
@@ -350,3 +363,26 @@ class DenseDownlink:
             cost = self.pricer.down_cost(profile, size)
             self.per_agent[agent] = self.per_agent.get(agent, Cost()) + cost
             self.total = self.total + cost
+
+
+def _shared_price(
+    shared: SharedDownlink, metric: str
+) -> Callable[[npt.NDArray[np.int64]], npt.NDArray[np.float64]]:
+    """One message on a shared downlink, priced once for the group in ``metric``: the
+    sender's airtime, a member's energy, the frames, or the bits of the frames on air."""
+
+    def price(sizes: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+        if metric == "airtime_s":
+            return shared.airtime_s(sizes)
+        if metric == "energy_j":
+            return shared.member_energy_j(sizes)
+        n, block, last = frame_cut(np.asarray(sizes, dtype=np.int64), shared.max_payload_bytes)
+        r = parity_frames_for(n, shared.redundancy)
+        frames = (n + r).astype(np.float64)
+        if metric == "packets":
+            return frames
+        per_frame = FRAME_HEADER_BYTES + shared.per_packet_overhead_bytes
+        on_air = (n - 1 + r) * block + last + frames * per_frame
+        return np.asarray(8.0 * on_air, dtype=np.float64)
+
+    return price

@@ -56,7 +56,8 @@ class JobModel:
         self._guard = UpdateGuard(config.limits)
         self._gamma: float | None = None  # cached step size (hellos change it)
         mode = downlink(config.aggregation, config.downlink)
-        self._down = Broadcast(config.job, d, mode, window=config.downlink_window)
+        relay = config.aggregation.kind == "mean"  # replicas replay only a mean step
+        self._down = Broadcast(config.job, d, mode, window=config.downlink_window, relay=relay)
 
     # ------------------------------------------------------------------ reading
 
@@ -188,10 +189,16 @@ class JobModel:
         return round.step(self.x, coef), coef
 
     def stepped(
-        self, step: StepResult, base: int, version: int, coef: float, profiles: Iterable[str]
+        self,
+        step: StepResult,
+        base: int,
+        version: int,
+        coef: float,
+        profiles: Iterable[tuple[str, str | None]],
     ) -> list[Outbound]:
         """``x`` stepped from ``base`` to ``version``: what the fleet receives (priced on
-        the receivers' ``profiles`` for the compressed downlink)."""
+        the receivers' (profile, shared group or None) for the compressed and the
+        automatic downlink)."""
         cfg = self.config
         self._guard.stepped(self.x, step.changed)
         sent = self._down.close(

@@ -606,7 +606,7 @@ class RoundEngine:
             accuracy=self.accuracy,
         )
         self.last_record = record
-        profiles = (a.hello.profile for a in self.registry)
+        profiles = ((a.hello.profile, self.traffic.group_of(a)) for a in self.registry)
         out = self.model.stepped(step, base, self.version, coef, profiles)
         self.round_state.reset(now)
         self.traffic.closed(now)

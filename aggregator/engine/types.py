@@ -122,7 +122,7 @@ class EngineConfig:
             (self.liveness_timeout_s > 0, "liveness_timeout_s must be > 0"),
             (self.snapshot_every >= 0, "snapshot_every must be >= 0"),
             (0 < self.ef21_step_factor <= 1, "ef21_step_factor must be in (0, 1]"),
-            (self.downlink in DOWNLINK_MODES, "downlink must be exact, delta or cat"),
+            (self.downlink in DOWNLINK_MODES, "downlink must be exact, delta, cat or auto"),
             (self.downlink_window >= 1, "downlink_window must be >= 1"),
             (self.max_hold_s is None or self.max_hold_s >= 0, "max_hold_s must be >= 0"),
             (self.step_rule in ("mean", "median"), "step_rule must be mean or median"),

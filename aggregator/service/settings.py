@@ -110,9 +110,11 @@ class Settings(BaseSettings):
         0.5, gt=0, le=1, description="EF21 jobs: step = factor / L unless step_size is set."
     )
     downlink: DownlinkMode = Field(
-        "exact",
-        description="How agents follow the model: exact replicated steps, float64 deltas, "
-        "or cat: a compressed broadcast with error feedback (docs/algorithm.md).",
+        "auto",
+        description="How agents follow the model: auto (per version, the exact relay or the "
+        "compressed change, whichever reduces what the copies miss the most per unit of the "
+        "fleet's receiving cost), exact replicated steps, float64 deltas, or cat: a "
+        "compressed broadcast with error feedback (docs/algorithm.md).",
     )
     downlink_pacing: bool = Field(
         True,

@@ -110,10 +110,12 @@ def _fleet_arguments(p: argparse.ArgumentParser) -> None:
 def _downlink_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--downlink",
-        default="exact",
-        help="comma list of downlink modes to run every method under (AGG_DOWNLINK): exact "
-        "(replicated steps, bit-identical), delta (float64 new values), cat (compressed "
-        "broadcast with error feedback on the model, T chosen by CAT on the downlink profiles)",
+        help="comma list of downlink modes to run every method under (AGG_DOWNLINK): auto "
+        "(per version the exact relay or the compressed change, whichever reduces what the "
+        "copies miss the most per unit of receiving cost), exact (replicated steps, "
+        "bit-identical), delta (float64 new values), cat (compressed broadcast with error "
+        "feedback on the model, T chosen by CAT on the downlink profiles). Default: auto, "
+        "exact with --preset paper (its published figures)",
     )
 
 
@@ -244,11 +246,26 @@ def make_plan(args: argparse.Namespace) -> Plan:
     )
 
 
-def _downlinks(text: str) -> list[DownlinkMode]:
+#: the downlink a run uses without --downlink (the service's AGG_DOWNLINK default) and the
+#: one the paper preset pins (its figures in docs/results.md were measured with it)
+DEFAULT_DOWNLINK: Final[DownlinkMode] = "auto"
+PAPER_DOWNLINK: Final[DownlinkMode] = "exact"
+
+
+def default_downlink(args: argparse.Namespace) -> DownlinkMode:
+    """The downlink mode a run uses when ``--downlink`` is not given."""
+    return PAPER_DOWNLINK if args.preset == "paper" else DEFAULT_DOWNLINK
+
+
+def _downlinks(text: str | None, default: DownlinkMode = DEFAULT_DOWNLINK) -> list[DownlinkMode]:
+    if text is None:
+        return [default]
     modes = [m.strip() for m in text.split(",") if m.strip()]
     bad = [m for m in modes if m not in DOWNLINK_MODES]
     if not modes or bad:
-        raise ValueError(f"--downlink: expected a comma list of exact, delta, cat; got {text!r}")
+        raise ValueError(
+            f"--downlink: expected a comma list of {', '.join(DOWNLINK_MODES)}; got {text!r}"
+        )
     return [cast(DownlinkMode, m) for m in modes]
 
 
@@ -267,7 +284,7 @@ def _prepare(
 ) -> tuple[tuple[float, ...], Problem, list[tuple[Fleet, Case]]]:
     """Validate the flags, build the problem (solves f*) and the fleets. ValueError etc."""
     targets = _targets(args.targets)
-    _downlinks(args.downlink)
+    _downlinks(args.downlink, default_downlink(args))
     parse_aggregation(args.aggregation)
     bad = {d.strip() for d in args.plot_directions.split(",")} - set(DIRECTIONS)
     if bad:
@@ -317,9 +334,10 @@ def _run(args: argparse.Namespace) -> int:
     except (ValueError, CatEdgeError, OSError) as exc:
         print(f"aggregator simulate: {exc}", file=sys.stderr)
         return 2
+    base = default_downlink(args)
     bar = ProgressBar(
         sys.stderr,
-        sum(len(c.methods) for _, c in fleets) * len(_downlinks(args.downlink)),
+        sum(len(c.methods) for _, c in fleets) * len(_downlinks(args.downlink, base)),
         enabled=not args.no_progress,
     )
     print(
@@ -331,8 +349,8 @@ def _run(args: argparse.Namespace) -> int:
     results: list[RunResult] = []
     for fleet, case in fleets:
         for method in case.methods:
-            for downlink in _downlinks(args.downlink):
-                label = method.spec if downlink == "exact" else f"{method.spec} [{downlink}]"
+            for downlink in _downlinks(args.downlink, base):
+                label = method.spec if downlink == base else f"{method.spec} [{downlink}]"
                 if args.aggregation != "mean" or args.hostile is not None:
                     label += f" [{args.aggregation}, hostile={args.hostile}]"
                 bar.begin(f"{fleet.label}: {label}", case.max_rounds, min(targets))

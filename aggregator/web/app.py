@@ -35,6 +35,7 @@ from aggregator.service.ingest import AggregatorService
 from aggregator.service.settings import Settings, load_settings
 from aggregator.web.agent_metrics import agent_samples, max_agents_from
 from aggregator.web.deps import ControlAuth, MetricsDep, ServiceDep, get_service
+from aggregator.web.eta import WINDOW
 from aggregator.web.metrics import CONTENT_TYPE, AggregatorMetrics
 from aggregator.web.schemas import (
     AgentOut,
@@ -44,6 +45,7 @@ from aggregator.web.schemas import (
     RoundOut,
     StatusOut,
     TransportOut,
+    eta_of,
 )
 from aggregator.web.startup import Standby, Started, start_from_environment
 from edge_agent.links.cost import ZERO
@@ -78,8 +80,16 @@ def _agent_out(service: AggregatorService, a: AgentInfo) -> AgentOut:
 
 
 @router.get("/status", tags=["job"], summary="Job state, model version, loss and cost totals")
-def get_status(service: ServiceDep) -> StatusOut:
+def get_status(
+    service: ServiceDep,
+    target: Annotated[
+        float | None,
+        Query(description="Loss the ETA aims at (default: AGG_TARGET_LOSS; none: eta null)."),
+    ] = None,
+) -> StatusOut:
     transports = service.transports()
+    version = service.read(lambda e: e.version)
+    recent = service.history(max(0, version - WINDOW - 1), WINDOW + 1)
 
     def build(e: RoundEngine) -> StatusOut:
         dense = service.dense_down  # read under the engine lock, like the engine
@@ -89,6 +99,7 @@ def get_status(service: ServiceDep) -> StatusOut:
             recovered_from=service.recovered_from,
             dense_down=None if dense is None else dense.total,
             now=service.now(),
+            eta=eta_of(recent, target, e.config.target_loss),
         )
 
     return service.read(build)

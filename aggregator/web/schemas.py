@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from aggregator.engine.accounting import RoundRecord, Spend
 from aggregator.engine.downlink.pacing import Hold
 from aggregator.engine.rounds import AgentInfo, RoundEngine
+from aggregator.web.eta import WINDOW, Eta, estimate
 from edge_agent.links.cost import ZERO, Cost
 
 
@@ -146,6 +147,26 @@ class HoldOut(_Out):
                    since=hold.since)  # fmt: skip
 
 
+class EtaOut(_Out):
+    """When the job reaches its target loss at the recent rate (aggregator.web.eta)."""
+
+    target_loss: float = Field(description="AGG_TARGET_LOSS, or the request's ?target=.")
+    eta_s: float = Field(description="Seconds after the last version's close to the target.")
+    eta_at: float = Field(description="Unix time (s) the target is reached at that rate.")
+    versions_left: int
+    rho: float = Field(description="Fitted ratio of successive per-version loss decreases.")
+    seconds_per_version: float = Field(description="Mean over the fitted window.")
+    window: int = Field(description="Versions with a loss the fit used.")
+
+    @classmethod
+    def of(cls, eta: Eta | None) -> EtaOut | None:
+        if eta is None:
+            return None
+        return cls(target_loss=eta.target_loss, eta_s=eta.eta_s, eta_at=eta.at + eta.eta_s,
+                   versions_left=eta.versions_left, rho=eta.rho,
+                   seconds_per_version=eta.seconds_per_version, window=eta.window)  # fmt: skip
+
+
 class StatusOut(_Out):
     """The job at a glance."""
 
@@ -205,6 +226,12 @@ class StatusOut(_Out):
     )
     transports: list[TransportOut]
     recovered_from: str
+    eta: EtaOut | None = Field(
+        None,
+        description="Time to the target loss from the recent rate of loss decrease (a "
+        "log-linear fit of the per-version decreases over the last versions, "
+        "docs/http-api.md); null when there is no target or the rate is unknown.",
+    )
 
     @classmethod
     def build(
@@ -215,6 +242,7 @@ class StatusOut(_Out):
         recovered_from: str,
         dense_down: Cost | None = None,
         now: float | None = None,
+        eta: Eta | None = None,
     ) -> StatusOut:
         up, down = e.totals.actual, e.totals_down
         sent = sum((a.sent for a in e.agents.values()), ZERO)
@@ -249,6 +277,7 @@ class StatusOut(_Out):
             sent_and_received_total=LinkCost.of(sent + down),
             transports=[TransportOut(url=u, connected=c) for u, c in transports],
             recovered_from=recovered_from,
+            eta=EtaOut.of(eta),
         )
 
 
@@ -400,3 +429,13 @@ class ControlOut(_Out):
     )
     state: Literal["waiting", "running", "paused", "finished"]
     model_version: int
+
+
+def eta_of(
+    records: list[RoundRecord], target: float | None, engine_target: float | None
+) -> Eta | None:
+    """The ETA over the committed ``records`` (the last :data:`~aggregator.web.eta.WINDOW`
+    versions and one more), to ``target`` or else the job's ``engine_target``."""
+    goal = engine_target if target is None else target
+    points = [(r.version, r.closed_at, r.loss) for r in records[-(WINDOW + 1) :]]
+    return estimate(points, goal)

@@ -55,7 +55,8 @@ def test_cat_reaches_the_first_target_with_fewer_bits_than_dense(
 
 
 def test_runs_the_real_agent_and_engine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """The engine's version is the number of rounds run; agents hold its x bit for bit."""
+    """The engine's version is the number of rounds run; under the exact relay agents
+    hold its x bit for bit."""
     engines: list[RoundEngine] = []
     agents: list[Agent] = []
     real_engine_init = RoundEngine.__init__
@@ -72,8 +73,9 @@ def test_runs_the_real_agent_and_engine(monkeypatch: pytest.MonkeyPatch, tmp_pat
     monkeypatch.setattr(RoundEngine, "__init__", spy_engine)
     monkeypatch.setattr(Agent, "__init__", spy_agent)
     records = run_cli(
-        tmp_path, "fleet", "--agents", "3", "--methods", "cat-topk+ef21", "--max-rounds", "60"
-    )
+        tmp_path, "fleet", "--agents", "3", "--methods", "cat-topk+ef21", "--max-rounds", "60",
+        "--downlink", "exact",
+    )  # fmt: skip
     assert len(engines) == 1 and len(agents) == 3
     engine = engines[0]
     rounds_run = records[0]["rounds_run"]

@@ -4,14 +4,14 @@ The README's by-hand path and nothing else: the aggregator with ``AGG_JOB``, ``A
 ``AGG_TRANSPORTS`` and ``AGG_DATA_DIR`` (``AGG_DOWNLINK`` only where the downlink mode is
 the one under test), ``uvicorn aggregator.app:app``; agents with ``edge-agent run --profile
 --server --job --agent-id --data --features``; data from ``edge-agent data generate`` at the
-README's d = 47,236. Every other setting keeps its default: EF21 feedback, the exact
-downlink, downlink pacing, the agent's duty cycle from its profile (``--duty-cycle wait``),
+README's d = 47,236. Every other setting keeps its default: EF21 feedback, the automatic
+downlink (exact relay or compressed change per version), downlink pacing, the agent's duty cycle from its profile (``--duty-cycle wait``),
 ``--resend-s 10``. A run passes when ``/status`` (over HTTP) reaches
 :data:`VERSIONS` versions and every agent exits 0 on SIGINT having trained without
 looping on requests.
 
-The matrix: {ZeroMQ, Mosquitto} x {exact, cat, delta} with one agent, and {ZeroMQ,
-Mosquitto} x exact with three agents on different profiles. The three profiles are ones
+The matrix: {ZeroMQ, Mosquitto} x {auto, exact, cat, delta} with one agent, and {ZeroMQ,
+Mosquitto} x auto with three agents on different profiles. The three profiles are ones
 that train at real speed (Wi-Fi ESP32, BLE 5 2M, Wi-Fi Raspberry Pi 4): LoRaWAN EU868's
 1 % duty cycle and ten downlinks a day, or NB-IoT's 85-byte downlink packets under the
 default pacing, space versions minutes (seconds, for NB-IoT, at this d) apart, so ten
@@ -106,7 +106,7 @@ def run_job(request: pytest.FixtureRequest, tmp_path: Path, shards: list[Path]) 
             "AGG_TRANSPORTS": url,
             "AGG_DATA_DIR": str(tmp_path / "agg"),
         }
-        if mode != "exact":  # the default is exact: set only the mode under test
+        if mode != "auto":  # the default is auto: set only the mode under test
             settings["AGG_DOWNLINK"] = mode
         agg = AggregatorProcess(tmp_path / "svc", settings)
         run = Run(agg, [])
@@ -169,7 +169,7 @@ def assert_no_request_loop(summary: dict[str, Any]) -> None:
     assert sum(summary["dropped"].values()) <= CONTROL_ALLOWANCE, summary
 
 
-@pytest.mark.parametrize("mode", ["exact", "cat", "delta"])
+@pytest.mark.parametrize("mode", ["auto", "exact", "cat", "delta"])
 @pytest.mark.parametrize("transport", ["zmq", "mqtt"])
 def test_one_agent_trains_with_the_defaults(run_job: Any, transport: str, mode: str) -> None:
     run = run_job(transport, mode, 1)
@@ -183,7 +183,7 @@ def test_one_agent_trains_with_the_defaults(run_job: Any, transport: str, mode: 
 def test_three_agents_on_three_profiles_train_with_the_defaults(
     run_job: Any, transport: str
 ) -> None:
-    run = run_job(transport, "exact", 3)
+    run = run_job(transport, "auto", 3)
     agents = {a["agent"]: a for a in wait_trained(run, each=3)}
     assert sorted(agents) == ["pi-00", "pi-01", "pi-02"], agents
     assert {a["profile"] for a in agents.values()} == set(PROFILES)

@@ -1,8 +1,14 @@
 """The engine's downlink: what every agent receives so its model copy follows the aggregator.
 
-Three modes (``AGG_DOWNLINK``, docs/algorithm.md "Both directions"):
+Four modes (``AGG_DOWNLINK``, docs/algorithm.md "Both directions"):
 
-- ``exact`` (default): every version is broadcast as *replicated steps*
+- ``auto`` (the service's default): per version, whichever of the exact relay and the
+  compressed change (below) reduces what the agents' copies miss, ``|x - w|^2``, the most
+  per unit of the fleet's receiving cost (docs/algorithm.md, "The automatic downlink").
+  The exact relay is the version's replicated steps while the copies are exact, else a
+  *resync*: a float64 delta of every entry where ``w`` differs from ``x`` (mean jobs) or a
+  state snapshot with the EF21 aggregate; after it the copies are exact again.
+- ``exact``: every version is broadcast as *replicated steps*
   (:mod:`edge_agent.protocol.downlink`): the version's accepted compressed updates, re-encoded
   without their per-message header, and the step coefficient. Every replica performs the
   aggregator's float operations and holds the same bits; a version costs each agent at most
@@ -29,6 +35,7 @@ from __future__ import annotations
 import base64
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 import numpy as np
@@ -44,21 +51,58 @@ from edge_agent.protocol.indexcode import index_bytes
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
-DownlinkMode = Literal["exact", "delta", "cat"]
-DOWNLINK_MODES: Final[tuple[str, ...]] = ("exact", "delta", "cat")
+DownlinkMode = Literal["exact", "delta", "cat", "auto"]
+DOWNLINK_MODES: Final[tuple[str, ...]] = ("exact", "delta", "cat", "auto")
+#: what the automatic downlink sent for a version: the replicated steps (or, in a mean
+#: job, the delta of the changed entries), a resync of inexact copies, or a compressed change
+AutoChoice = Literal["exact", "resync", "cat"]
 #: an agent's receiving cost of a message of each size (its profile's objective unit)
 DownPrice = Callable[[IntArray], FloatArray]
+
+
+@dataclass(frozen=True, slots=True)
+class _Relay:
+    """The automatic downlink's exact candidate: what it is, its size, the steps it
+    replays (None: a resync) and the delta that goes instead (None: the steps, or for a
+    resync the state snapshot the engine sends)."""
+
+    choice: AutoChoice
+    size_bytes: int
+    steps: StepsParts | None
+    delta: DeltaParts | None
+
+    def outbound(self, job: str) -> Outbound | None:
+        if self.delta is not None:
+            return Outbound(topics.delta(job), delta=self.delta)
+        if self.steps is not None:
+            return Outbound(topics.delta(job), steps=self.steps)
+        return None
 
 
 class Broadcast:
     """The downlink state of one job (pure; the engine drives it)."""
 
-    def __init__(self, job: str, d: int, mode: DownlinkMode = "exact", *, window: int = 64) -> None:
+    def __init__(
+        self,
+        job: str,
+        d: int,
+        mode: DownlinkMode = "exact",
+        *,
+        window: int = 64,
+        relay: bool = True,
+    ) -> None:
         if mode not in DOWNLINK_MODES:
             raise ValueError(f"downlink mode {mode!r}; use one of {', '.join(DOWNLINK_MODES)}")
         self.job = job
         self.d = d
         self.mode: DownlinkMode = mode
+        #: replicas can replay this job's step (False for a robust aggregation rule: the
+        #: automatic downlink's exact relay is then always a resync delta)
+        self.relay = relay
+        #: auto mode: the copies hold ``x`` bit for bit (and, EF21, the aggregate)
+        self.synced = True
+        #: auto mode: how many versions went out by each choice (this process)
+        self.chosen: dict[str, int] = {"exact": 0, "resync": 0, "cat": 0}
         self._ops: list[bytes] = []  # the open version's operations (exact mode)
         #: False after a restore: the open version's operations before it are not known,
         #: so its close broadcasts a state snapshot instead of steps
@@ -77,12 +121,12 @@ class Broadcast:
 
     def add(self, blob: bytes, t: int, weight: float) -> None:
         """An update entered the aggregation state (the mean accumulator or EF21 aggregate)."""
-        if self.mode == "exact":
+        if self.mode in ("exact", "auto"):
             self._ops.append(downlink.add_op(blob, wire.body_offset(blob), t, weight))
 
     def drop_state(self, h: FloatArray, *, none_left: bool) -> None:
         """An agent's EF21 state ``h`` left the aggregate (``none_left``: it was the last)."""
-        if self.mode == "exact":
+        if self.mode in ("exact", "auto"):
             nz = np.flatnonzero(h)
             self._ops.append(
                 downlink.zero_op() if none_left else downlink.sub_op(nz, h[nz], self.d)
@@ -91,8 +135,9 @@ class Broadcast:
     # ------------------------------------------------------------- the model agents hold
 
     def model(self, x: FloatArray) -> FloatArray:
-        """The model the agents hold: ``x``, or ``w`` under the compressed downlink."""
-        if self.mode == "cat":
+        """The model the agents hold: ``x``, or ``w`` under the compressed (and the
+        automatic) downlink."""
+        if self.mode in ("cat", "auto"):
             if self.w is None:
                 self.w = x.copy()
             return self.w
@@ -103,7 +148,8 @@ class Broadcast:
     ) -> Outbound:
         """A state snapshot (retained on ``cat/<job>/model``) of what the agents hold."""
         agg = None
-        if self.mode == "exact" and family == "ef21":
+        exact = self.mode == "exact" or (self.mode == "auto" and self.synced)
+        if exact and family == "ef21":
             if self._agg_at_version is not None and self._ops_complete:
                 agg = self._agg_at_version
             else:  # the next version is a snapshot too: the current state is consistent
@@ -129,6 +175,8 @@ class Broadcast:
         ``aggregate``: the EF21 aggregate after this version's step (exact mode keeps a
         copy for state snapshots of this version)."""
         ops, self._ops = self._ops, []
+        if self.mode == "auto":
+            return self._close_auto(x, changed, base, version, family, coef, prices, aggregate, ops)
         if self.mode == "exact" and family == "ef21":
             self._agg_at_version = np.zeros(self.d) if aggregate is None else aggregate.copy()
         if self.mode == "delta":
@@ -155,6 +203,90 @@ class Broadcast:
             return Outbound(topics.delta(self.job), delta=delta)
         return Outbound(topics.delta(self.job), steps=steps)
 
+    # ------------------------------------------------------------- the automatic downlink
+
+    def _close_auto(
+        self,
+        x: FloatArray,
+        changed: IntArray,
+        base: int,
+        version: int,
+        family: downlink.Family,
+        coef: float,
+        prices: Sequence[DownPrice],
+        aggregate: FloatArray | None,
+        ops: list[bytes],
+    ) -> Outbound | None:
+        """Auto mode: the exact relay or the compressed change, whichever reduces
+        ``|x - w|^2`` the most per unit of the fleet's receiving cost (ties: exact).
+        None: the exact relay is a state snapshot (the engine sends it)."""
+        w = self.model(x)
+        complete, self._ops_complete = self._ops_complete, True
+        fleet = self._fleet_cost(prices)
+        r = x - w
+        miss = float(r @ r)
+        relay = self._exact_relay(x, w, changed, base, version, family, coef, ops, aggregate,
+                                  complete)  # fmt: skip
+        if miss > 0.0 or not self.synced:
+            t = 0 if miss == 0.0 else select(r, "signtopk", self._t_price(fleet)).t
+            u = compress(r, "signtopk", t, rng=self._rng)
+            moved = w.copy()
+            u.add_to(moved)
+            left = x - moved
+            move = (downlink.move_op(u, job=self.job),)
+            cat = StepsParts(self.job, self.d, base, version, family, move)
+            gain = miss - float(left @ left)  # the exact relay's gain is all of ``miss``
+            if (miss == 0.0 and not self.synced) or gain * _one(fleet, relay.size_bytes) > (
+                miss * _one(fleet, cat.size_bytes)
+            ):
+                self.t_down, self.w, self.synced = t, moved, False
+                self._history.append(cat)
+                self.chosen["cat"] += 1
+                return Outbound(topics.delta(self.job), steps=cat)
+        self.w = x.copy()
+        self.synced = True
+        if family == "ef21":
+            self._agg_at_version = np.zeros(self.d) if aggregate is None else aggregate.copy()
+        if relay.steps is not None:
+            self._history.append(relay.steps)
+        else:  # a resync: the steps before it do not chain to it
+            self._history.clear()
+        self.chosen[relay.choice] += 1
+        return relay.outbound(self.job)
+
+    def _exact_relay(
+        self,
+        x: FloatArray,
+        w: FloatArray,
+        changed: IntArray,
+        base: int,
+        version: int,
+        family: downlink.Family,
+        coef: float,
+        ops: list[bytes],
+        aggregate: FloatArray | None,
+        complete: bool,
+    ) -> _Relay:
+        """The message that makes every copy exact: the version's replicated steps while
+        the copies are exact (in a mean job the delta of the changed entries when that is
+        smaller), else a resync: a delta of the entries where ``w`` differs from ``x``
+        (mean jobs) or a state snapshot with the EF21 aggregate."""
+        if self.synced and complete and self.relay:
+            steps = StepsParts(
+                self.job, self.d, base, version, family, (*ops, downlink.step_op(coef))
+            )
+            if family == "mean" and _delta_size(self.d, changed) < steps.size_bytes:
+                delta = DeltaParts(self.job, self.d, base, version, changed, x[changed])
+                return _Relay("exact", _delta_size(self.d, changed), steps, delta)
+            return _Relay("exact", steps.size_bytes, steps, None)
+        if family == "mean":
+            idx = np.flatnonzero(x != w).astype(np.int64)
+            delta = DeltaParts(self.job, self.d, base, version, idx, x[idx])
+            return _Relay("resync", _delta_size(self.d, idx), None, delta)
+        agg = np.zeros(self.d) if aggregate is None else aggregate
+        size = len(downlink.encode_state(x, job=self.job, version=version, aggregate=agg))
+        return _Relay("resync", size, None, None)
+
     def _move(self, x: FloatArray, prices: Sequence[DownPrice]) -> bytes:
         """Compressed downlink: choose T by CAT, send ``C(x - w)``, move ``w`` by it."""
         w = self.model(x)
@@ -170,13 +302,30 @@ class Broadcast:
         return downlink.move_op(u, job=self.job)
 
     def _fleet_price(self, prices: Sequence[DownPrice]) -> DownPrice:
+        return self._t_price(self._fleet_cost(prices))
+
+    def _fleet_cost(self, prices: Sequence[DownPrice]) -> DownPrice:
+        """The fleet's receiving cost of a job-wide message of each size (bytes): every
+        receiver's cost (a unicast profile, or a shared group once) relative to its cost
+        of a dense float32 broadcast, summed; the size itself if nothing is priced."""
         dense = wire.encoded_size(
             "dense", d=self.d, t=self.d, job=self.job, agent="r", round=0, seq=0
         )
 
-        # each agent's cost of a dense broadcast, once per version (not once per price call)
+        # each receiver's cost of a dense broadcast, once per version (not once per call)
         refs = [(p, float(p(np.array([dense], dtype=np.int64))[0])) for p in prices]
         refs = [(p, ref) for p, ref in refs if ref > 0]
+
+        def cost(sizes: IntArray) -> FloatArray:
+            total = np.zeros(sizes.shape)
+            for p, ref in refs:
+                total += p(sizes) / ref
+            return total if total.any() else sizes.astype(np.float64)
+
+        return cost
+
+    def _t_price(self, fleet: DownPrice) -> DownPrice:
+        """The fleet's cost of a sign-top-T change for each T (the selector's price)."""
 
         def price(t: IntArray) -> FloatArray:
             sizes = np.asarray(
@@ -185,10 +334,7 @@ class Broadcast:
                 ),
                 dtype=np.int64,
             )
-            total = np.zeros(sizes.shape)
-            for p, ref in refs:
-                total += p(sizes) / ref
-            return total if total.any() else sizes.astype(np.float64)
+            return fleet(sizes)
 
         return price
 
@@ -214,21 +360,49 @@ class Broadcast:
     # ------------------------------------------------------------- persistence
 
     def export(self) -> dict[str, Any]:
-        """JSON-able state: the broadcast model of the compressed downlink."""
-        if self.w is None:
-            return {"mode": self.mode}
-        raw = np.ascontiguousarray(self.w, dtype="<f8").tobytes()
-        return {"mode": self.mode, "w": base64.b64encode(raw).decode("ascii")}
+        """JSON-able state: the broadcast model of the compressed downlink; in auto mode
+        also whether the copies are exact, the open version's operations and the EF21
+        aggregate of the last version, so a restored engine chooses as the live one."""
+        out: dict[str, Any] = {"mode": self.mode}
+        if self.w is not None:
+            out["w"] = _b64(self.w)
+        if self.mode == "auto":
+            out["synced"] = self.synced
+            out["complete"] = self._ops_complete
+            out["ops"] = [base64.b64encode(op).decode("ascii") for op in self._ops]
+            agg = self._agg_at_version
+            out["agg_at_version"] = None if agg is None else _b64(agg)
+        return out
 
     def restore(self, data: dict[str, Any] | None) -> None:
-        """The inverse of :meth:`export`; the open version's operations are not saved, so
-        the next version goes out as a state snapshot."""
+        """The inverse of :meth:`export`. The open version's operations are saved in auto
+        mode only; in the other modes the next version goes out as a state snapshot."""
         self._ops_complete = False
         self._agg_at_version = None
-        if data and data.get("w") and self.mode == "cat":
-            w = np.frombuffer(base64.b64decode(data["w"]), dtype="<f8").astype(np.float64)
-            if w.shape == (self.d,) and np.isfinite(w).all():
+        data = data or {}
+        if self.mode in ("cat", "auto") and data.get("w"):
+            w = _unb64(data["w"], self.d)
+            if w is not None:
                 self.w = w
+        if self.mode == "auto":
+            if data.get("mode") != "auto" or self.w is None:
+                self.synced = False  # from another mode: resync at the next version
+                return
+            self.synced = bool(data.get("synced", False))
+            self._ops = [base64.b64decode(op) for op in data.get("ops", [])]
+            self._ops_complete = bool(data.get("complete", False))
+            agg = data.get("agg_at_version")
+            self._agg_at_version = None if agg is None else _unb64(agg, self.d)
+
+
+def _b64(arr: FloatArray) -> str:
+    return base64.b64encode(np.ascontiguousarray(arr, dtype="<f8").tobytes()).decode("ascii")
+
+
+def _unb64(text: str, d: int) -> FloatArray | None:
+    """The float64 array :func:`_b64` wrote, None unless it has ``d`` finite entries."""
+    arr = np.frombuffer(base64.b64decode(text), dtype="<f8").astype(np.float64)
+    return arr if arr.shape == (d,) and np.isfinite(arr).all() else None
 
 
 def downlink_interval_s(profile: CostProfile, size_bytes: int) -> float:
@@ -270,6 +444,11 @@ def shared_limit(shared: SharedDownlink, size_bytes: int) -> tuple[float, Downli
         if capped > got.busy_s:
             return capped, "daily_cap"
     return got.busy_s, "downlink_busy"
+
+
+def _one(cost: DownPrice, size_bytes: int) -> float:
+    """``cost`` of one message of ``size_bytes``."""
+    return float(cost(np.array([size_bytes], dtype=np.int64))[0])
 
 
 def _delta_size(d: int, changed: IntArray) -> int:

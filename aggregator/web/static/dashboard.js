@@ -559,6 +559,12 @@
     text("version", isNum(s.model_version) ? `v${s.model_version}` : "–");
     text("loss", fmtLoss(s.loss), isNum(s.loss) ? String(s.loss) : "not evaluated yet");
     text("accuracy", fmtPercent(s.accuracy));
+    /* /status eta: time to the target loss at the recent rate (null: no target, or unknown) */
+    const eta = s.eta;
+    text("eta", eta ? (eta.eta_s > 0 ? fmtSeconds(eta.eta_s) : "reached") : "–",
+      eta ? `loss ${fmtLoss(eta.target_loss)} in ${eta.versions_left} versions of ` +
+        `${fmtSeconds(eta.seconds_per_version)} (fit over the last ${eta.window})`
+        : "no target loss (AGG_TARGET_LOSS), or the recent rate does not reach it");
     text("live", isNum(s.live_agents) ? `${s.live_agents} / ${isNum(s.agents) ? s.agents : "?"}` : "–");
     const fin = $("finish");
     if (s.state === "finished" && s.finish_reason) {

@@ -1,0 +1,141 @@
+"""The ETA to the target loss on /status: the fit on synthetic histories, and over HTTP from a
+real uvicorn server whose job descends a real objective."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import uvicorn
+
+from aggregator.localnet import HOST, free_port
+from aggregator.service.settings import load_settings
+from aggregator.web.app import create_app
+from aggregator.web.eta import estimate
+from edge_agent.data.datafiles import write_libsvm
+from edge_agent.data.datagen import make_rcv1_like
+from edge_agent.numerics.compressors import compress
+from edge_agent.numerics.models import make_model
+from edge_agent.protocol import messages, topics, wire
+from edge_agent.transports import open_transport
+
+
+def geometric(
+    n: int, *, floor: float, c: float, rho: float, dt: float
+) -> list[tuple[int, float, float | None]]:
+    """Versions 0..n-1 closing every ``dt`` s with loss ``floor + c * rho**v``."""
+    return [(v, 100.0 + dt * v, floor + c * rho**v) for v in range(n)]
+
+
+def test_a_geometric_history_gives_the_versions_it_takes() -> None:
+    hist = geometric(12, floor=0.5, c=1.0, rho=0.8, dt=30.0)
+    target = 0.5 + 0.8**20  # reached at version 20: 9 versions after the last (11)
+    eta = estimate(hist, target)
+    assert eta is not None
+    assert eta.rho == pytest.approx(0.8, rel=1e-9)
+    assert eta.seconds_per_version == pytest.approx(30.0)
+    assert eta.versions_left == 9
+    assert eta.eta_s == pytest.approx(9 * 30.0)
+    assert eta.at == hist[-1][1]
+
+
+def test_unknown_when_no_target_too_few_points_a_rise_or_a_plateau() -> None:
+    hist = geometric(12, floor=0.5, c=1.0, rho=0.8, dt=30.0)
+    assert estimate(hist, None) is None
+    assert estimate(hist[:2], 0.51) is None
+    assert estimate([*hist[:-1], (11, 430.0, 2.0)], 0.51) is None  # the loss went up
+    assert estimate(hist, 0.49) is None  # below the floor the decreases converge to
+    assert estimate([(v, t, None) for v, t, _ in hist], 0.51) is None  # no loss evaluated
+
+
+def test_a_reached_target_is_zero_seconds_away() -> None:
+    hist = geometric(5, floor=0.5, c=1.0, rho=0.5, dt=10.0)
+    eta = estimate(hist, 0.9)
+    assert eta is not None and eta.eta_s == 0.0 and eta.versions_left == 0
+
+
+def test_the_window_is_the_last_versions_only() -> None:
+    """An early slow phase does not count once ten faster versions follow it."""
+    slow = [(v, 10.0 * v, 10.0 - 0.01 * v) for v in range(30)]
+    fast = [(30 + v, 300.0 + 10.0 * v, 5.0 + 4.0 * 0.5**v) for v in range(11)]
+    eta = estimate(slow + fast, 5.0 + 4.0 * 0.5**14)
+    assert eta is not None and eta.rho == pytest.approx(0.5) and eta.versions_left == 4
+
+
+# --------------------------------------------------------------------------- over HTTP
+
+JOB, D, ROWS = "etajob", 200, 300
+
+
+@pytest.mark.integration  # uvicorn on a real port
+def test_status_gives_the_eta_of_a_descending_job_over_http(
+    memory_url: str, tmp_path: Path
+) -> None:
+    """Two agents send the exact gradient of the evaluation loss at the model /model serves:
+    gradient descent on a strongly convex objective, so the loss falls geometrically and
+    /status?target= gives a finite ETA; without a target (AGG_TARGET_LOSS unset) it is null."""
+    data = make_rcv1_like(ROWS, D, rng=np.random.default_rng(0), nnz_per_row=10.0)
+    eval_file = tmp_path / "eval.svm"
+    write_libsvm(data, eval_file)
+    model = make_model("logreg", n_features=D)
+    settings = load_settings(
+        job=JOB, d=D, step_size=4.0, transports=[memory_url], data_dir=tmp_path / "data",
+        tick_s=0.02, downlink_pacing=False, feedback="any", eval_data=eval_file,
+    )  # fmt: skip
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(settings), host=HOST, port=port, log_level="warning")
+    )
+    serving = threading.Thread(target=server.run, daemon=True)
+    serving.start()
+    t = open_transport(memory_url, role="agent", client_id="eta-agents")
+    base = f"http://{HOST}:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert server.started
+        t.connect()
+        for a in ("a", "b"):
+            hello = messages.Hello(job=JOB, agent=a, d=D, rows=ROWS, smoothness=1.0,
+                                   model="logreg", compressor="dense",
+                                   profile="paper_payload_bits")  # fmt: skip
+            t.publish(topics.hello(JOB, a), messages.dump(hello))
+        with httpx.Client(base_url=base, timeout=10.0) as http:
+            for v in range(12):
+                x = np.load(io.BytesIO(http.get("/model").content), allow_pickle=False)
+                g = model.grad(x, data)
+                for a in ("a", "b"):
+                    blob = wire.encode(compress(g, "dense", D), job=JOB, agent=a, round=v, seq=v)
+                    t.publish(topics.update(JOB, a), blob)
+                end = time.monotonic() + 20
+                while http.get("/status").json()["model_version"] <= v:
+                    assert time.monotonic() < end, f"version {v + 1} did not close"
+                    time.sleep(0.02)
+            status = http.get("/status").json()
+            assert status["eta"] is None  # no AGG_TARGET_LOSS
+            loss = status["loss"]
+            assert loss is not None
+            rounds = http.get("/history").json()["rounds"]
+            losses = [r["loss"] for r in rounds]
+            assert all(b < a for a, b in itertools.pairwise(losses))
+            drop = losses[-2] - losses[-1]
+            target = loss - 2.0 * drop  # a few versions away at the recent rate
+            eta = http.get("/status", params={"target": target}).json()["eta"]
+            assert eta is not None, status
+            assert eta["target_loss"] == pytest.approx(target)
+            assert 2 <= eta["versions_left"] <= 6
+            assert 0.0 < eta["rho"] < 1.0 and eta["window"] == 11
+            assert eta["eta_s"] == pytest.approx(eta["versions_left"] * eta["seconds_per_version"])
+            assert eta["eta_at"] >= rounds[-1]["closed_at"]
+            assert http.get("/status", params={"target": loss + 1.0}).json()["eta"]["eta_s"] == 0
+    finally:
+        t.close()
+        server.should_exit = True
+        serving.join(timeout=10)
