@@ -153,6 +153,7 @@ def _build_agent(args: argparse.Namespace) -> Agent:
     from edge_agent.links.profiles import resolve_profile
     from edge_agent.numerics.models import make_model
     from edge_agent.protocol.mac import read_key
+    from edge_agent.protocol.signing import read_public_key
     from edge_agent.transports import open_transport
 
     agent_id = agent_id_for(args)
@@ -174,6 +175,7 @@ def _build_agent(args: argparse.Namespace) -> Agent:
         curvature=args.curvature,
         max_refusals=args.max_refusals,
         mac_key=None if args.mac_key_file is None else read_key(args.mac_key_file),
+        aggregator_keys=tuple(read_public_key(p) for p in args.aggregator_key or ()),
         group=args.group,
         batch_size=args.batch_size,
     )
@@ -494,6 +496,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="sign every update with this agent's MAC key (`edge-agent keys mac`; the "
         "aggregator holds a copy in AGG_MAC_KEYS_DIR)",
+    )
+    sec.add_argument(
+        "--aggregator-key",
+        type=Path,
+        action="append",
+        metavar="FILE",
+        help="the aggregator's public signing key (`edge-agent keys signing`): act only on "
+        "messages it signed; give it twice while the key is rotated (docs/operating.md)",
     )
     run.set_defaults(func=cmd_run)
 
