@@ -90,6 +90,9 @@ class AgentConfig:
     #: the aggregator's Ed25519 public keys (more than one while rotating): act only on
     #: messages it signed (agent/signatures.py); empty: take every message, as before
     aggregator_keys: tuple[bytes, ...] = ()
+    #: with keys: control and job settings on ``control`` / ``to`` signed before this
+    #: (aggregator clock, microseconds since 1970) are replays; the CLI passes its start
+    aggregator_not_before_us: int = 0
     #: the downlink group it receives job-wide messages on (hello ``group``); None: the
     #: profile's shared downlink names it, or there is none (unicast)
     group: str | None = None
@@ -189,7 +192,9 @@ class Agent:
         self.ledger = CostLedger()
         self.counters = AgentCounters()
         #: the aggregator's signatures, checked before anything is parsed
-        self.signatures = SignatureCheck(config.aggregator_keys, self.counters)
+        self.signatures = SignatureCheck(
+            config.aggregator_keys, self.counters, config.aggregator_not_before_us
+        )
         self.last_log: RoundLog | None = None
         #: seconds spent per stage over all rounds (gradient, selection, compression, ...)
         self.timings_s = dict.fromkeys(("grad", "select", "compress", "encode", "send"), 0.0)
@@ -359,7 +364,7 @@ class Agent:
             self.answers.heard(self.clock())
             verdict = jobinfo.judge(msg.topic, payload, self._fit)
             if verdict is not None:  # the job's settings: edge_agent/protocol/jobinfo.py
-                self._judged(verdict)
+                self._judged(verdict, addressed=mine)
                 return
             if msg.topic == self._topic_delta or msg.topic == self._topic_model:
                 self._handle_model(payload, addressed=False)
@@ -452,9 +457,13 @@ class Agent:
                 log.info("job paused: waiting for resume" if paused else "job resumed")
             self.paused = paused
 
-    def _judged(self, verdict: jobinfo.Verdict) -> None:
+    def _judged(self, verdict: jobinfo.Verdict, *, addressed: bool) -> None:
         """The job's settings arrived: give up when this agent's do not fit (one ERROR
-        line, even after refusals ended it)."""
+        line, even after refusals ended it). With signed downlinks only the settings
+        addressed to it count (a signed old retained one could be replayed; the live ones
+        answer every hello)."""
+        if self.signatures.enforced and not addressed:
+            return
         if verdict.give_up is not None and self.gave_up != verdict.give_up:
             log.error("this agent's settings do not fit the job: %s", verdict.conflict)
             self.gave_up = verdict.give_up

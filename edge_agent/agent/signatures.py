@@ -8,7 +8,9 @@ reason, logged once per reason at WARNING, and ignored; it never stops the agent
 - ``unsigned``: no signature trailer;
 - ``bad_signature``: a trailer that does not verify (forged, altered, another key, meant
   for another topic) or is malformed;
-- ``replayed``: valid, but its counter is below the highest accepted on its topic;
+- ``replayed``: valid, but its counter is below the highest accepted on its topic, or
+  (control and job settings on a topic that is never retained) older than the agent's
+  start, by its own clock less an allowance (``not_before_us``);
 - ``repeated``: valid, with the counter accepted last on its topic (a retained message
   delivered again on a reconnect): ignored and counted, not logged.
 
@@ -23,7 +25,8 @@ from collections.abc import Sequence
 
 from edge_agent.agent.ledger import AgentCounters
 from edge_agent.errors import WireFormatError
-from edge_agent.protocol.signing import Verifier, open_signed
+from edge_agent.protocol import topics
+from edge_agent.protocol.signing import Opened, Verifier, open_signed
 
 log = logging.getLogger("edge_agent")
 
@@ -41,9 +44,15 @@ _EXPLAIN = {
 class SignatureCheck:
     """What the agent lets through from its inbound messages."""
 
-    def __init__(self, public_keys: Sequence[bytes], counters: AgentCounters) -> None:
+    def __init__(
+        self, public_keys: Sequence[bytes], counters: AgentCounters, not_before_us: int = 0
+    ) -> None:
         self._verifier = Verifier(list(public_keys)) if public_keys else None
         self._counters = counters
+        #: JSON (control, job settings) on a topic that is never retained must be at least
+        #: this new: the counter is the aggregator's clock in microseconds, so a stop
+        #: recorded before this agent started is refused even as its first on the topic
+        self.not_before_us = not_before_us
         #: the highest counter accepted per topic (an agent subscribes to five topics)
         self.highest: dict[str, int] = {}
 
@@ -76,7 +85,21 @@ class SignatureCheck:
         if not self._verifier.verify(topic, opened):
             return "bad_signature", None
         last = self.highest.get(topic)
+        if last is None and opened.counter < self.not_before_us and _live_json(topic, opened):
+            return "replayed", None
         if last is not None and opened.counter <= last:
             return ("replayed" if opened.counter < last else "repeated"), None
         self.highest[topic] = opened.counter
         return None, opened.message
+
+
+def _live_json(topic: str, opened: Opened) -> bool:
+    """A JSON message on a topic never retained (control, ``to``): it was published after
+    the agent subscribed, so its counter cannot predate the agent's start."""
+    if opened.message[:1] != b"{":
+        return False
+    try:
+        kind = topics.parse(topic).kind
+    except ValueError:
+        return False
+    return kind in ("control", topics.TO_AGENT)

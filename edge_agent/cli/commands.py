@@ -19,6 +19,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
@@ -176,6 +177,8 @@ def _build_agent(args: argparse.Namespace) -> Agent:
         max_refusals=args.max_refusals,
         mac_key=None if args.mac_key_file is None else read_key(args.mac_key_file),
         aggregator_keys=tuple(read_public_key(p) for p in args.aggregator_key or ()),
+        # control signed before this start (less 10 min of clock difference) is a replay
+        aggregator_not_before_us=time.time_ns() // 1000 - 600_000_000,
         group=args.group,
         batch_size=args.batch_size,
     )

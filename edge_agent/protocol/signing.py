@@ -91,7 +91,7 @@ def open_signed(payload: bytes) -> Opened | None:
     WireFormatError when it says it is signed and the trailer is not there."""
     if not is_signed(payload):
         return None
-    if len(payload) < _FLAGS_AT + 1 + TRAILER_BYTES:
+    if _binary(payload) and len(payload) < _FLAGS_AT + 1 + TRAILER_BYTES:
         raise WireFormatError("signed downlink message: too short for its signature trailer")
     cut = len(payload) - TRAILER_BYTES
     if payload[cut : cut + 2] != TRAILER_MAGIC:
