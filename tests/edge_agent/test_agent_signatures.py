@@ -12,7 +12,7 @@ from edge_agent.protocol import jobinfo, messages, topics
 from edge_agent.protocol.downlink import encode_state
 from edge_agent.protocol.signing import Signer
 from edge_agent.transports import Message
-from tests.edge_agent.agent_harness import D, JOB, Clock, make_agent
+from tests.edge_agent.agent_harness import JOB, Clock, D, make_agent
 
 AGGREGATOR = Signer(bytes(range(32)))
 FORGER = Signer(bytes(range(5, 37)))
