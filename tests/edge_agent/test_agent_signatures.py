@@ -6,13 +6,13 @@ from __future__ import annotations
 import logging
 
 import pytest
+from agent_harness import JOB, Clock, D, make_agent
 
 from edge_agent.agent.loop import Agent
 from edge_agent.protocol import jobinfo, messages, topics
 from edge_agent.protocol.downlink import encode_state
 from edge_agent.protocol.signing import Signer
 from edge_agent.transports import Message
-from tests.edge_agent.agent_harness import JOB, Clock, D, make_agent
 
 AGGREGATOR = Signer(bytes(range(32)))
 FORGER = Signer(bytes(range(5, 37)))
