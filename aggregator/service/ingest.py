@@ -56,6 +56,7 @@ from aggregator.service.store import JournalEntry, Store, recover
 from edge_agent.errors import CatEdgeError
 from edge_agent.links.profiles import CostProfile, resolve_profile
 from edge_agent.protocol import topics, wire_many
+from edge_agent.protocol.signing import CountingSigner
 from edge_agent.transports import Message, Transport, open_transport
 
 log = logging.getLogger("aggregator.service.ingest")
@@ -187,6 +188,8 @@ class AggregatorService:
         self._engine: RoundEngine | None = None
         self._store: Store | None = None
         self._data_lock: DataDirLock | None = None  # one aggregator per AGG_DATA_DIR
+        #: signs every outbound message (AGG_SIGNING_KEY_FILE); None: nothing is signed
+        self._signer: CountingSigner | None = None
         self._fatal: BaseException | None = None
         self._publish_failures = 0
         self._stop_requested = False
@@ -216,6 +219,12 @@ class AggregatorService:
             raise
         self._engine = recovery.engine
         self.recovered_from = recovery.source
+        try:
+            self._signer = s.downlink_signer()
+        except BaseException:
+            self._store.close()
+            self._data_lock.release()
+            raise
         if self._engine.version == 0:
             self.dense_down = DenseDownlink(Pricer(_profile_lookup))
         try:
@@ -239,11 +248,13 @@ class AggregatorService:
         # The retained snapshot tells (re)connecting agents where we are; the resync
         # command asks agents that already answered this version to re-send that update
         # (an open round is not journalled as a whole; duplicates are dropped here).
-        hello = [
-            self._engine.snapshot_message(),
-            self._engine.resync_message(),
-            *self._engine.state_controls(),
-        ]
+        hello = self._sealed(
+            [
+                self._engine.snapshot_message(),
+                self._engine.resync_message(),
+                *self._engine.state_controls(),
+            ]
+        )
         with self._lock:
             charge = self._charge(self._engine, hello)
         self._store.commit(charge)  # persisted before it is published, like every input
@@ -368,7 +379,7 @@ class AggregatorService:
         with self._lock:
             applied = self._apply(eng, batch, decoded)
             self._charge_dense_down(eng, applied.records)
-            applied.outbound = merge_deltas(applied.outbound)
+            applied.outbound = self._sealed(merge_deltas(applied.outbound))
             applied.entries.extend(self._charge(eng, applied.outbound))
             self._uncheckpointed += len(applied.records)
             checkpoint = (
@@ -415,6 +426,13 @@ class AggregatorService:
             applied.entries.append(JournalEntry("tick", now))
         applied.add(eff)
         return applied
+
+    def _sealed(self, outbound: list[Outbound]) -> list[Outbound]:
+        """``outbound`` signed (AGG_SIGNING_KEY_FILE) before it is charged: the charge, the
+        published counts and pacing see the bytes the agents receive."""
+        if self._signer is None:
+            return outbound
+        return [o.sealed(self._signer) for o in outbound]
 
     def _charge(self, eng: RoundEngine, outbound: list[Outbound]) -> list[JournalEntry]:
         """Charge what is about to be published to the agents' downlinks (under the lock):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -52,6 +53,7 @@ from edge_agent.links.profiles import (
 )
 from edge_agent.protocol import topics
 from edge_agent.protocol.mac import MacKeyError, read_keys_dir
+from edge_agent.protocol.signing import CountingSigner, SigningKeyError, read_secret_key
 from edge_agent.transports import parse_url
 
 ENV_PREFIX = "AGG_"
@@ -246,6 +248,13 @@ class Settings(BaseSettings):
         description="Refuse (bad_mac) every update without a valid MAC, also from agents "
         "without a key (needs AGG_MAC_KEYS_DIR).",
     )
+    # --- signed downlinks (docs/wire-format.md section 13, docs/operating.md)
+    signing_key_file: Path | None = Field(
+        None,
+        description="The aggregator's Ed25519 secret key (`edge-agent keys signing`): every "
+        "message to agents is signed; agents given the public key (--aggregator-key) act on "
+        "signed ones only. Unset: nothing is signed.",
+    )
     zmq_max_message_bytes: int | None = Field(
         None,
         ge=1024,
@@ -382,6 +391,19 @@ class Settings(BaseSettings):
         except MacKeyError as exc:
             raise SettingsError(f"AGG_MAC_KEYS_DIR: {exc}") from None
         return MacPolicy(keys=keys, required=self.require_mac)
+
+    def downlink_signer(self) -> CountingSigner | None:
+        """The signer of ``AGG_SIGNING_KEY_FILE`` (read from disk), its counter at least
+        the wall clock in microseconds (so it rises across restarts); None when unset."""
+        if self.signing_key_file is None:
+            return None
+        from edge_agent.protocol.signing import Signer
+
+        try:
+            signer = Signer(read_secret_key(self.signing_key_file))
+        except SigningKeyError as exc:
+            raise SettingsError(f"AGG_SIGNING_KEY_FILE: {exc}") from None
+        return CountingSigner(signer, floor=lambda: time.time_ns() // 1000)
 
     @property
     def zmq_message_cap(self) -> int:

@@ -143,6 +143,12 @@ def _pacing_arguments(p: argparse.ArgumentParser) -> None:
         "once for all, and only their answers unicast (docs/multicast.md)",
     )
     p.add_argument(
+        "--sign-downlink",
+        action="store_true",
+        help="sign every message to the agents (AGG_SIGNING_KEY_FILE, with a key made for "
+        "the run) and have every agent check it: the downlink carries the 74-byte trailers",
+    )
+    p.add_argument(
         "--no-downlink-pacing",
         action="store_true",
         help="do not space versions by the agents' downlink caps and sender duty cycles "
@@ -353,6 +359,8 @@ def _run(args: argparse.Namespace) -> int:
                 label = method.spec if downlink == base else f"{method.spec} [{downlink}]"
                 if args.aggregation != "mean" or args.hostile is not None:
                     label += f" [{args.aggregation}, hostile={args.hostile}]"
+                if args.sign_downlink:
+                    label += " [signed]"
                 bar.begin(f"{fleet.label}: {label}", case.max_rounds, min(targets))
                 res = run_method(
                     problem,
@@ -370,6 +378,7 @@ def _run(args: argparse.Namespace) -> int:
                     hostile=args.hostile,
                     batch_size=args.batch_size,
                     schedule_t0=args.schedule_t0,
+                    sign_downlink=args.sign_downlink,
                 )
                 bar.end(res)
                 results.append(res)

@@ -34,6 +34,7 @@ Simulated time: the rounds are lockstep, so each round lasts as long as its slow
 from __future__ import annotations
 
 import math
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -53,6 +54,7 @@ from aggregator.sim.problem import Fleet, Problem, agent_seed
 from edge_agent.agent.loop import Agent, AgentConfig, RoundLog
 from edge_agent.links.cost import COST_FIELDS, ZERO, Cost
 from edge_agent.protocol.indexcode import index_bytes
+from edge_agent.protocol.signing import KEY_BYTES, CountingSigner, Signer
 from edge_agent.protocol.wire import encoded_size
 
 FloatArray = npt.NDArray[np.float64]
@@ -131,12 +133,15 @@ def open_fleet(
     hostile: float | None = None,
     batch_size: float | None = None,
     schedule_t0: float = 0.0,
+    sign_downlink: bool = False,
 ) -> FleetHarness:
     """The engine (full quorum, no deadline or liveness timeout) and one agent per shard,
     not started. Close the harness when done. ``aggregation``: ``AGG_AGGREGATION``;
     ``hostile``: agent 0's updates reach the engine scaled by it (aggregator.sim.hostile);
     ``batch_size``: minibatch SGD, the engine then decays the step as
-    ``min(gamma, 2 / (l2 (t + schedule_t0)))`` (aggregator.engine.stepsize.scheduled)."""
+    ``min(gamma, 2 / (l2 (t + schedule_t0)))`` (aggregator.engine.stepsize.scheduled);
+    ``sign_downlink``: every message to the agents is signed with a key made for the run,
+    and every agent checks it (docs/wire-format.md section 13)."""
     model = problem.model
     lookup = {p.name: p for p in fleet.profiles}
     engine = RoundEngine(
@@ -163,7 +168,12 @@ def open_fleet(
         x0=model.initial_point(),
         profiles=lookup.get,
     )
-    harness = FleetHarness(engine, name="simulate")
+    keys: tuple[bytes, ...] = ()
+    seal = None
+    if sign_downlink:
+        signer = Signer(secrets.token_bytes(KEY_BYTES))
+        keys, seal = (signer.public_key,), CountingSigner(signer)
+    harness = FleetHarness(engine, name="simulate", seal=seal)
     if hostile is not None:
         make_hostile(harness, JOB, "a000", hostile)
     try:
@@ -179,6 +189,7 @@ def open_fleet(
                 resend_s=None,
                 duty_cycle="ignore",
                 batch_size=batch_size,
+                aggregator_keys=keys,
             )
             harness.add_agent(
                 config,
@@ -430,6 +441,7 @@ def run_method(
     hostile: float | None = None,
     batch_size: float | None = None,
     schedule_t0: float = 0.0,
+    sign_downlink: bool = False,
 ) -> RunResult:
     """Train ``method`` on ``fleet`` until the smallest target or ``max_rounds``.
 
@@ -451,6 +463,7 @@ def run_method(
         hostile=hostile,
         batch_size=batch_size,
         schedule_t0=schedule_t0,
+        sign_downlink=sign_downlink,
     ) as harness:
         harness.start()
         harness.pump(strict=True)

@@ -4,7 +4,8 @@ Whatever needs "the real protocol, no processes, no network" uses this one harne
 simulator (:mod:`aggregator.sim.experiment`), the EF21 reset test, the end-to-end tests'
 reference run (the benchmarks measure the service and the codec, not such a fleet). It owns a fresh in-process broker, the aggregator's end
 of it (subscribed to every agent topic of the engine's job) and one transport per agent;
-it pumps messages synchronously, so a run is deterministic::
+it pumps messages synchronously, so a run is deterministic (signed downlinks too: ``seal``
+counts 1, 2, 3, ...)::
 
     with FleetHarness(RoundEngine(config)) as fleet:
         fleet.add_agent(AgentConfig(job=config.job, agent_id="a1", resend_s=None), ...)
@@ -24,10 +25,10 @@ every transport and forgets the broker.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import TracebackType
 
-from aggregator.engine.downlink.pacing import Published
+from aggregator.engine.downlink.pacing import Published, as_outbound
 from aggregator.engine.rounds import Effects, RoundEngine
 from edge_agent.agent.loop import Agent, AgentConfig, RoundLog
 from edge_agent.data import Dataset
@@ -54,8 +55,17 @@ class FleetHarness:
     caller's, built with whatever config, evaluator and profile lookup the caller needs.
     """
 
-    def __init__(self, engine: RoundEngine, *, name: str = "harness") -> None:
+    def __init__(
+        self,
+        engine: RoundEngine,
+        *,
+        name: str = "harness",
+        seal: Callable[[str, bytes], bytes] | None = None,
+    ) -> None:
         self.engine = engine
+        #: signs what the engine publishes before it is charged, as the service does
+        #: (``edge_agent.protocol.signing.CountingSigner``); None: nothing is signed
+        self.seal = seal
         self.job = engine.config.job
         self.clock = SimClock()
         self.broker = f"{name}-{uuid.uuid4().hex}"
@@ -131,7 +141,9 @@ class FleetHarness:
             yield msg
 
     def publish(self, *outbound: Published) -> None:
-        """Publish engine output to the agents, in order."""
+        """Publish engine output to the agents, in order (signed first, with ``seal``)."""
+        if self.seal is not None:
+            outbound = tuple(as_outbound(o).sealed(self.seal) for o in outbound)
         if outbound:  # what every live agent receives, in the engine's accounts
             self.engine.charge_downlink(outbound, self.clock.now)
         for out in outbound:

@@ -26,6 +26,7 @@ from edge_agent.agent.answers import Answers
 from edge_agent.agent.catchup import CatchUp, Want, want_for
 from edge_agent.agent.ledger import AgentCounters, CostLedger, RoundLog
 from edge_agent.agent.replica import Replica
+from edge_agent.agent.signatures import SignatureCheck
 from edge_agent.data import Dataset
 from edge_agent.errors import TransportError, WireFormatError
 from edge_agent.links.cost import MessageCost
@@ -86,6 +87,12 @@ class AgentConfig:
     #: scaled so that the 1/L step moves x by t q (semantics ``dir``; docs/curvature.md).
     curvature: CurvatureName = "global"
     mac_key: bytes | None = None  # sign every update with this key (edge_agent.protocol.mac)
+    #: the aggregator's Ed25519 public keys (more than one while rotating): act only on
+    #: messages it signed (agent/signatures.py); empty: take every message, as before
+    aggregator_keys: tuple[bytes, ...] = ()
+    #: with keys: control and job settings on ``control`` / ``to`` signed before this
+    #: (aggregator clock, microseconds since 1970) are replays; the CLI passes its start
+    aggregator_not_before_us: int = 0
     #: the downlink group it receives job-wide messages on (hello ``group``); None: the
     #: profile's shared downlink names it, or there is none (unicast)
     group: str | None = None
@@ -184,6 +191,10 @@ class Agent:
         self.rounds = 0
         self.ledger = CostLedger()
         self.counters = AgentCounters()
+        #: the aggregator's signatures, checked before anything is parsed
+        self.signatures = SignatureCheck(
+            config.aggregator_keys, self.counters, config.aggregator_not_before_us
+        )
         self.last_log: RoundLog | None = None
         #: seconds spent per stage over all rounds (gradient, selection, compression, ...)
         self.timings_s = dict.fromkeys(("grad", "select", "compress", "encode", "send"), 0.0)
@@ -344,23 +355,26 @@ class Agent:
 
         Whatever arrives was received over the radio: it is priced on the profile's
         downlink part and goes into the ledger's ``down`` direction, applied or not."""
-        mine = msg.topic == topics.to_agent(self.config.job, self.config.agent_id)
+        mine = msg.topic == self._topic_to
         self.ledger.received(self.profile.receive_cost(len(msg.payload), job_wide=not mine))
-        self.answers.heard(self.clock())
         try:
-            verdict = jobinfo.judge(msg.topic, msg.payload, self._fit)
+            payload = self.signatures.admit(msg.topic, msg.payload)
+            if payload is None:  # not the aggregator's word: counted, never acted on
+                return
+            self.answers.heard(self.clock())
+            verdict = jobinfo.judge(msg.topic, payload, self._fit)
             if verdict is not None:  # the job's settings: edge_agent/protocol/jobinfo.py
-                self._judged(verdict)
+                self._judged(verdict, addressed=mine)
                 return
             if msg.topic == self._topic_delta or msg.topic == self._topic_model:
-                self._handle_model(msg.payload, addressed=False)
+                self._handle_model(payload, addressed=False)
             elif msg.topic == self._topic_control:
-                self._handle_control(messages.parse(messages.Control, msg.payload))
+                self._handle_control(messages.parse(messages.Control, payload))
             elif msg.topic == self._topic_to:  # binary: a model message, else JSON control
-                if msg.payload[:2] == MAGIC:
-                    self._handle_model(msg.payload, addressed=True)
+                if payload[:2] == MAGIC:
+                    self._handle_model(payload, addressed=True)
                 else:
-                    self._handle_control(messages.parse(messages.Control, msg.payload))
+                    self._handle_control(messages.parse(messages.Control, payload))
             else:
                 self.counters.drop("unexpected_topic")
         except WireFormatError as exc:
@@ -443,9 +457,13 @@ class Agent:
                 log.info("job paused: waiting for resume" if paused else "job resumed")
             self.paused = paused
 
-    def _judged(self, verdict: jobinfo.Verdict) -> None:
+    def _judged(self, verdict: jobinfo.Verdict, *, addressed: bool) -> None:
         """The job's settings arrived: give up when this agent's do not fit (one ERROR
-        line, even after refusals ended it)."""
+        line, even after refusals ended it). With signed downlinks only the settings
+        addressed to it count (a signed old retained one could be replayed; the live ones
+        answer every hello)."""
+        if self.signatures.enforced and not addressed:
+            return
         if verdict.give_up is not None and self.gave_up != verdict.give_up:
             log.error("this agent's settings do not fit the job: %s", verdict.conflict)
             self.gave_up = verdict.give_up

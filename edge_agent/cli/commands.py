@@ -20,6 +20,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
@@ -156,6 +157,7 @@ def _build_agent(args: argparse.Namespace) -> Agent:
     from edge_agent.links.profiles import resolve_profile
     from edge_agent.numerics.models import make_model
     from edge_agent.protocol.mac import read_key
+    from edge_agent.protocol.signing import read_public_key
     from edge_agent.transports import open_transport
 
     agent_id = agent_id_for(args)
@@ -177,6 +179,9 @@ def _build_agent(args: argparse.Namespace) -> Agent:
         curvature=args.curvature,
         max_refusals=args.max_refusals,
         mac_key=None if args.mac_key_file is None else read_key(args.mac_key_file),
+        aggregator_keys=tuple(read_public_key(p) for p in args.aggregator_key or ()),
+        # control signed before this start (less 10 min of clock difference) is a replay
+        aggregator_not_before_us=time.time_ns() // 1000 - 600_000_000,
         group=args.group,
         batch_size=args.batch_size,
     )
@@ -497,6 +502,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="sign every update with this agent's MAC key (`edge-agent keys mac`; the "
         "aggregator holds a copy in AGG_MAC_KEYS_DIR)",
+    )
+    sec.add_argument(
+        "--aggregator-key",
+        type=Path,
+        action="append",
+        metavar="FILE",
+        help="the aggregator's public signing key (`edge-agent keys signing`): act only on "
+        "messages it signed; give it twice while the key is rotated (docs/operating.md)",
     )
     run.set_defaults(func=cmd_run)
 

@@ -1,6 +1,6 @@
-"""``edge-agent keys``: make CurveZMQ key pairs (zmq+tcp:// authentication) and per-agent
-MAC keys (signed updates, docs/wire-format.md section 3.3); docs/operating.md says where
-each file goes."""
+"""``edge-agent keys``: make CurveZMQ key pairs (zmq+tcp:// authentication), per-agent
+MAC keys (signed updates, docs/wire-format.md section 3.3) and the aggregator's signing
+key pair (signed downlinks, section 13); docs/operating.md says where each file goes."""
 
 from __future__ import annotations
 
@@ -33,11 +33,34 @@ def cmd_keys_mac(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_keys_signing(args: argparse.Namespace) -> int:
+    """Write the aggregator's Ed25519 key pair and say where each file goes."""
+    from edge_agent.protocol.signing import write_keypair
+
+    public, secret = write_keypair(args.out, args.name)
+    print(f"aggregator signing key: {secret} (AGG_SIGNING_KEY_FILE; keep it on the server)")
+    print(f"aggregator public key: {public} (give it to every agent: --aggregator-key)")
+    return 0
+
+
 def add_keys_parser(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     keys = sub.add_parser(
-        "keys", help="make CurveZMQ key pairs and per-agent MAC keys", formatter_class=fmt
+        "keys",
+        help="make CurveZMQ key pairs, per-agent MAC keys and the aggregator's signing key",
+        formatter_class=fmt,
     )
-    ksub = keys.add_subparsers(dest="keys_command", required=True, metavar="{zmq,mac}")
+    ksub = keys.add_subparsers(dest="keys_command", required=True, metavar="{zmq,mac,signing}")
+    ks = ksub.add_parser(
+        "signing",
+        help="write the aggregator's Ed25519 pair: <name>.secret (0600) and <name>.key "
+        "(public); signs what it sends to agents (docs/operating.md)",
+        formatter_class=fmt,
+    )
+    ks.add_argument("--out", type=Path, required=True, help="directory to write the pair to")
+    ks.add_argument(
+        "--name", default="aggregator-signing", help="file name stem (another one to rotate)"
+    )
+    ks.set_defaults(func=cmd_keys_signing)
     km = ksub.add_parser(
         "mac", help="write <agent-id>.mac (0600): signs updates (docs/operating.md)"
     )

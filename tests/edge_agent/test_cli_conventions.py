@@ -133,7 +133,7 @@ def _norm(name: str) -> str:
 def test_every_imported_module_is_declared_in_pyproject() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     reqs = list(project["dependencies"])
-    for extra in ("aggregator", "plot"):
+    for extra in ("aggregator", "plot", "signing"):
         reqs += project["optional-dependencies"][extra]
     declared = {_norm(r.split(">")[0].split("=")[0].split("[")[0].strip()) for r in reqs}
     dists = packages_distributions()

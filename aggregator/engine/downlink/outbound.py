@@ -9,7 +9,7 @@ that commits many versions encodes only the one merged delta.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -144,6 +144,22 @@ class Outbound:
         if self.target is not None:
             return "agent_snapshot" if binary else "agent_control"
         return "snapshot" if binary else "control"
+
+    def sealed(self, seal: Callable[[str, bytes], bytes]) -> Outbound:
+        """This message with its payload as ``seal(topic, payload)`` makes it (the signed
+        bytes the agents receive: docs/wire-format.md section 13), its parts (and so its
+        kind) kept. Its charge and its published count are then of the signed bytes."""
+        parts = self.delta is not None or self.steps is not None
+        out = Outbound(
+            self.topic,
+            None if parts else self.payload,
+            self.retain,
+            delta=self.delta,
+            steps=self.steps,
+            target=self.target,
+        )
+        out._payload = seal(self.topic, self.payload)
+        return out
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Outbound):
