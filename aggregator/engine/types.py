@@ -186,9 +186,9 @@ class AgentInfo:
     needs_reset: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        # not asdict(): it deep-copies the (immutable) pydantic hello on every call
+        # not asdict(): it deep-copies the (immutable) hello on every call
         out = dict(vars(self))
-        out["hello"] = self.hello.model_dump(mode="json")
+        out["hello"] = self.hello.to_dict()
         out["spend"] = self.spend.to_dict()
         out["down"] = self.down.to_dict()
         out["sent"] = self.sent.to_dict()
@@ -201,7 +201,7 @@ class AgentInfo:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AgentInfo:
         fields = dict(data)
-        fields["hello"] = messages.Hello.model_validate(data["hello"])
+        fields["hello"] = messages.Hello.from_dict(data["hello"])
         fields["spend"] = Spend.from_dict(data["spend"])
         fields["down"] = Cost.from_dict(data.get("down"))
         fields["sent"] = Cost.from_dict(data.get("sent"))
