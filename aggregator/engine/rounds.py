@@ -64,17 +64,8 @@ from edge_agent.numerics.compressors import Update
 from edge_agent.protocol import messages, wire
 from edge_agent.protocol.downlink import Family, semantics_family
 
-__all__ = [
-    "REJECT_REASONS",
-    "AgentInfo",
-    "Decoded",
-    "Effects",
-    "EngineConfig",
-    "EngineSnapshot",
-    "Evaluator",
-    "FloatArray",
-    "RoundEngine",
-]
+__all__ = ["REJECT_REASONS", "AgentInfo", "Decoded", "Effects", "EngineConfig",
+           "EngineSnapshot", "Evaluator", "FloatArray", "RoundEngine"]  # fmt: skip
 
 log = logging.getLogger("aggregator.engine.rounds")
 
@@ -337,28 +328,25 @@ class RoundEngine:
 
     def _on_hello(self, agent: str, blob: bytes, now: float) -> Effects:
         cfg = self.config
-        hello = admission.check_hello(
-            blob,
-            agent=agent,
-            job=cfg.job,
-            d=cfg.d,
-            model=cfg.model,
-            family=self.family,
-            alone=self.registry.only(agent),
-            fixed_step=cfg.step_size is not None,
-            limits=cfg.limits,
-            feedback=cfg.feedback,
-        )
-        fam = semantics_family(hello.semantics)
+        text, signed = cfg.mac.open_json("hello", cfg.job, agent, blob)
+        hello = admission.check_hello(text, agent=agent, job=cfg.job, d=cfg.d, model=cfg.model,
+                                      family=self.family, alone=self.registry.only(agent),
+                                      fixed_step=cfg.step_size is not None, limits=cfg.limits,
+                                      feedback=cfg.feedback)  # fmt: skip
+        known = self.registry.get(agent)
+        admission.check_claims(hello, None if known is None else known.hello)
+        self.registry.check_signed(agent, hello.ctr, signed=signed, kind="hello")
         self.refusals.refused_agents.forget(agent)
         # --- apply
         self.model.hellos_changed()
-        known = self.registry.get(agent) is not None
-        if known and hello.fresh:
+        high = self.model.seen_keys.highest(agent)  # a fresh hello forgets the keys
+        if known is not None and hello.fresh:
             self._reset_agent_state(agent)
             self.registry.set_needs_reset(agent, False)
         self.registry.join(agent, hello, now, self.version)
-        if self.model.set_family(fam):
+        if signed:  # replays of its earlier updates stay refused (docs/wire-format.md 11.1)
+            self.registry.signed_hello(agent, hello, -1 if high is None else high + 1)
+        if self.model.set_family(semantics_family(hello.semantics)):
             self._reset_agent_state(agent)  # the only agent switched semantics
         out: list[Outbound] = []
         if hello.version is not None and hello.version != self.version:
@@ -371,14 +359,24 @@ class RoundEngine:
         return Effects(outbound=tuple(out), journal=True)
 
     def _on_status(self, agent: str, blob: bytes, now: float) -> Effects:
-        status = admission.check_status(blob, agent=agent)
+        text, signed = self.config.mac.open_json("status", self.config.job, agent, blob)
+        status = admission.check_status(text, agent=agent)
+        off = status.state == "offline"
+        will = self.registry.check_signed(agent, status.ctr, signed=signed, kind="status",
+                                          offline=off)  # fmt: skip
         changed = self.registry.status(agent, status.state, now)
-        return _JOURNAL_ONLY if changed else _NOTHING  # a repeat is not journalled
+        if signed and status.ctr is not None:  # a counter that moved is journalled
+            self.registry.signed(agent, status.ctr, will=will)
+        return _JOURNAL_ONLY if changed or signed else _NOTHING  # a repeat is not journalled
 
     def _on_request(self, agent: str, blob: bytes, now: float) -> Effects:
-        have = admission.check_request(blob).have
+        text, signed = self.config.mac.open_json("request", self.config.job, agent, blob)
+        req = admission.check_request(text)
+        self.registry.check_signed(agent, req.ctr, signed=signed, kind="request")
         self.registry.seen(agent, now)
-        return Effects(outbound=self._answer(agent, have, now))
+        if signed and req.ctr is not None and self.registry.get(agent) is not None:
+            self.registry.signed(agent, req.ctr)
+        return Effects(outbound=self._answer(agent, req.have, now), journal=signed)
 
     def _on_update(self, agent: str, blob: bytes, now: float, decoded: Decoded | None) -> Effects:
         info = self.registry.get(agent)
@@ -411,6 +409,8 @@ class RoundEngine:
         cfg = self.config
         if self.model.seen(agent, header):
             return self._duplicate(agent, header, now)
+        if header.seq < info.seq_floor:  # below what its last authenticated hello allowed
+            raise Reject("replayed", f"{agent}: seq {header.seq} < {info.seq_floor}")
         if self.state == "finished":
             raise Reject("finished")
         if header.round > self.version:

@@ -184,6 +184,13 @@ class AgentInfo:
     sent: Cost = ZERO
     #: EF21: its state h_i was dropped; its updates are refused until a fresh hello
     needs_reset: bool = False
+    #: signed messages (docs/wire-format.md 11.1): the last accepted ``ctr``, the counter
+    #: of the ``offline`` status its MQTT Last Will carries (accepted once: then
+    #: ``will_spent``), and the seq below which its updates are refused ``replayed``
+    ctr: int | None = None
+    will_ctr: int | None = None
+    will_spent: int | None = None
+    seq_floor: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         # not asdict(): it deep-copies the (immutable) hello on every call
