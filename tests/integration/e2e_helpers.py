@@ -203,7 +203,9 @@ class Fleet:
         features: int,
         feedback: FeedbackName,
         resend_s: float,
+        extra: Sequence[str] = (),
     ) -> AgentProcess:
+        """Agent ``index`` on ``shard``; ``extra``: more ``edge-agent run`` flags."""
         agent_id, profile = AGENT_IDS[index], PROFILES[index]
         model_path = self.workdir / f"{agent_id}.npy"
         out_path, err_path = self.workdir / f"{agent_id}.out", self.workdir / f"{agent_id}.err"
@@ -237,6 +239,7 @@ class Fleet:
             "--save-model",
             str(model_path),
             "--quiet",
+            *extra,
         ]
         with out_path.open("wb") as out, err_path.open("wb") as err:
             proc = subprocess.Popen(cmd, env=service_env({}), stdout=out, stderr=err)
