@@ -9,7 +9,11 @@ and the new state through a checkpoint and a journal replay.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import re
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -88,10 +92,17 @@ def test_sealed_json_round_trip_and_every_flipped_bit_fails() -> None:
     assert not mac.verify_sealed(KEY, "hello", JOB, "a", text)  # unsigned
 
 
-def test_the_mac_input_is_the_documented_one() -> None:
+def test_the_example_of_the_wire_format_page() -> None:
+    """docs/wire-format.md section 11.1: computed from the page's words with the standard
+    library alone, and the MAC the page prints, against the reference code."""
     text = b'{"type":"request","want":"snapshot","ctr":5}'
-    want = mac.compute(KEY, b"cat-edge/json/1\x00request\x00" + JOB.encode() + b"\x00a\x00" + text)
+    assert messages.dump(messages.Request(ctr=5)) == text
+    signed_input = b"cat-edge/json/1\x00request\x00" + JOB.encode() + b"\x00a\x00" + text
+    want = hmac.new(KEY, signed_input, hashlib.sha256).digest()[:8]
     assert mac.seal(KEY, "request", JOB, "a", text) == text + b"\x1e" + want
+    page = (Path(__file__).parents[2] / "docs" / "wire-format.md").read_text()
+    printed = re.search(r"the MAC `([0-9a-f ]+)`", page)
+    assert printed is not None and bytes.fromhex(printed.group(1)) == want
 
 
 def test_the_counter_increases_within_a_process_and_across_a_restart() -> None:
