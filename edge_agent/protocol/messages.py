@@ -43,6 +43,8 @@ Check = Callable[[Any], Any]
 _WS = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
 _INT_TEXT = re.compile(r"[+-]?[0-9]+(?:_[0-9]+)*(?:\.0+)?")
 _IDENT = re.compile(r"[A-Za-z0-9._-]+")
+#: strings JSON writes as they are (no escape needed)
+_PLAIN_TEXT = re.compile(r"[ !#-\[\]-~]*")
 _TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
 _FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
 _I64 = 2**63
@@ -170,8 +172,14 @@ def _number_text(v: float) -> str:
 
 
 def _json_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
     if isinstance(value, float):
         return _number_text(value)
+    if isinstance(value, str) and _PLAIN_TEXT.fullmatch(value):
+        return f'"{value}"'
     return json.dumps(value, ensure_ascii=False)
 
 
@@ -192,17 +200,35 @@ def _well_formed(obj: Any, depth: int = 0) -> bool:
     return True
 
 
+#: a \\u escape of a surrogate: only then can a decoded string hold a lone one
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
 def _load_json(payload: bytes) -> Any:
     try:
-        obj = json.loads(payload.decode("utf-8"))
+        text = payload.decode("utf-8")
+        obj = json.loads(text)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise _Invalid(f"Invalid JSON: {exc}") from None
-    if not _well_formed(obj):
+    deep = text.count("[") + text.count("{") > _MAX_DEPTH
+    if (deep or _SURROGATE_ESCAPE.search(text)) and not _well_formed(obj):  # rare: walk it
         raise _Invalid("Invalid JSON: a lone surrogate, or nesting too deep")
     return obj
 
 
 # ---------------------------------------------------------------- the messages
+
+
+#: per message class: (name, check, default) of each field, in order (built on first use)
+_SPECS: dict[type, tuple[tuple[str, Check, Any], ...]] = {}
+
+
+def _specs(cls: type) -> tuple[tuple[str, Check, Any], ...]:
+    specs = _SPECS.get(cls)
+    if specs is None:
+        specs = tuple((f.name, f.metadata["check"], f.default) for f in fields(cls))
+        _SPECS[cls] = specs
+    return specs
 
 
 class _Msg:
@@ -212,14 +238,12 @@ class _Msg:
     __dataclass_fields__: ClassVar[dict[str, Any]]
 
     def __post_init__(self) -> None:
-        for f in fields(self):
+        for name, check, _ in _specs(type(self)):
             try:
-                value = f.metadata["check"](getattr(self, f.name))
+                value = check(getattr(self, name))
             except _Invalid as exc:
-                raise WireFormatError(
-                    f"{type(self).__name__.lower()}: {f.name}: {exc.msg}"
-                ) from None
-            object.__setattr__(self, f.name, value)
+                raise WireFormatError(f"{type(self).__name__.lower()}: {name}: {exc.msg}") from None
+            object.__setattr__(self, name, value)
 
     @classmethod
     def from_dict(cls: type[M], data: Mapping[str, Any]) -> M:
@@ -228,25 +252,28 @@ class _Msg:
         name = cls.__name__.lower()
         if not isinstance(data, Mapping):
             raise WireFormatError(f"{name}: payload: Input should be an object")
-        known = cls.__dataclass_fields__
         values: dict[str, Any] = {}
-        for fname, f in known.items():
+        for fname, check, default in _specs(cls):
             if fname not in data:
-                if f.default is MISSING:
+                if default is MISSING:
                     raise WireFormatError(f"{name}: {fname}: Field required")
+                values[fname] = default
                 continue
             try:
-                values[fname] = f.metadata["check"](data[fname])
+                values[fname] = check(data[fname])
             except _Invalid as exc:
                 raise WireFormatError(f"{name}: {fname}: {exc.msg}") from None
-        for key in data:
-            if key not in known:
-                raise WireFormatError(f"{name}: {key}: Extra inputs are not permitted")
-        return cls(**values)
+        known = cls.__dataclass_fields__
+        if not data.keys() <= known.keys():
+            extra = next(k for k in data if k not in known)
+            raise WireFormatError(f"{name}: {extra}: Extra inputs are not permitted")
+        msg = object.__new__(cls)  # validated above, once: not again by __post_init__
+        msg.__dict__.update(values)
+        return msg
 
     def to_dict(self) -> dict[str, Any]:
         """Every field by name (None included): the JSON-able form a checkpoint keeps."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {name: getattr(self, name) for name, _, _ in _specs(type(self))}
 
 
 @dataclass(frozen=True, kw_only=True)
