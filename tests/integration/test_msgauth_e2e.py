@@ -86,3 +86,38 @@ def test_a_strangers_unsigned_hello_is_refused_and_the_job_trains(
         for a in fleet.agents:
             assert a.proc.returncode == 0, a.diagnose()
         assert_models_identical(agg, fleet)
+
+
+def test_the_signed_last_will_marks_a_killed_agent_offline_once(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Over a real Mosquitto: an agent with a key is killed (SIGKILL, no goodbye); the
+    broker publishes its signed will, whose counter its hello announced, and the aggregator
+    takes it (``offline`` at once, not ``lost`` after the liveness timeout)."""
+    problem = make_problem(tmp_path / "data")
+    url = server_url("mqtt", request)
+    keys = tmp_path / "mac-keys"
+    mac.write_key(keys, AGENT_IDS[0])
+    settings = aggregator_settings(
+        problem, job=JOB, server=url, data_dir=tmp_path / "agg", mac_keys_dir=keys,
+        require_mac="true", min_agents=1, liveness_timeout_s=600,
+    )  # fmt: skip
+    agg = AggregatorProcess(tmp_path, settings)
+    fleet = Fleet(tmp_path)
+    with running(agg, fleet):
+        agg.start()
+        agent = fleet.start_agent(
+            server=url, job=JOB, index=0, shard=problem.shards[0], features=problem.features,
+            feedback="ef21", resend_s=5, extra=["--mac-key-file", str(keys / f"{AGENT_IDS[0]}.mac")],
+        )  # fmt: skip
+        wait_until(lambda: agg.status()["model_version"] >= 3, 20, "three versions")
+        assert agg.get(f"/agents/{AGENT_IDS[0]}")["state"] == "online"
+        agent.proc.kill()
+        agent.proc.wait(timeout=10)
+        wait_until(
+            lambda: agg.get(f"/agents/{AGENT_IDS[0]}")["state"] == "offline", 15,
+            "the will to mark the agent offline",
+        )  # fmt: skip
+        metrics = agg.metrics()
+        for reason in ("bad_mac", "replayed"):
+            assert metrics[f'cat_updates_rejected_total{{reason="{reason}"}}'] == 0, reason
