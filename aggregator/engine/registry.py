@@ -188,10 +188,12 @@ class AgentRegistry:
         check_counter(ctr, last, signed=signed, what=f"{agent} {kind}")
         return False
 
-    def signed(self, agent: str, ctr: int, *, will: bool = False) -> None:
+    def signed(self, agent: str, ctr: int | None, *, will: bool = False) -> None:
         """Record an accepted signed message of ``agent``: its counter (or, for its Last
-        Will, that the will is spent)."""
-        info = self._agents[agent]
+        Will, that the will is spent). None (unsigned) or an unknown agent: nothing."""
+        info = self._agents.get(agent)
+        if info is None or ctr is None:
+            return
         if will:
             info.will_spent, info.will_ctr = ctr, None
         else:
@@ -201,7 +203,6 @@ class AgentRegistry:
         """An authenticated hello of ``agent`` was accepted: its counter, its Last Will's
         counter (unless that one was spent already) and the seq floor of its updates, which
         only moves up: ``max(floor, hello.next_seq, seq_floor)``."""
-        assert hello.ctr is not None  # check_signed refused a signed hello without one
         self.signed(agent, hello.ctr)
         info = self._agents[agent]
         spent = info.will_spent

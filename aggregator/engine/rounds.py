@@ -214,8 +214,7 @@ class RoundEngine:
         updates at once with :func:`edge_agent.protocol.wire_many.decode_many`); used only
         for an update topic.
         """
-        agent: str | None = None
-        kind = ""
+        agent, kind, forged = None, "", False  # forged: not provably the agent's (bad_mac)
         try:
             agent, kind = self._topics.parse(topic)
             blob = admission.check_payload(payload)
@@ -229,6 +228,7 @@ class RoundEngine:
                 return self._on_request(agent, blob, now)
             raise Reject("unexpected_topic", topic[:80])  # cat/<job>/to/<agent>: ours
         except Reject as rej:
+            forged = rej.reason == "bad_mac"
             told = now if kind in ("hello", "update") else None  # refusals answer these only
             return self._reject(rej.reason, rej.detail, agent, told)
         except Exception as exc:  # a bug must not kill the ingest loop
@@ -236,7 +236,7 @@ class RoundEngine:
             return self._reject("internal_error", f"{type(exc).__name__}: {exc}", agent)
         finally:  # what a known agent's radio spent, whatever became of the message
             info = None if agent is None else self.registry.get(agent)
-            if info is not None:
+            if info is not None and not forged:
                 self.registry.add_sent(
                     agent, self._pricer.up_cost(info.hello.profile, len(payload))
                 )
@@ -365,8 +365,7 @@ class RoundEngine:
         will = self.registry.check_signed(agent, status.ctr, signed=signed, kind="status",
                                           offline=off)  # fmt: skip
         changed = self.registry.status(agent, status.state, now)
-        if signed and status.ctr is not None:  # a counter that moved is journalled
-            self.registry.signed(agent, status.ctr, will=will)
+        self.registry.signed(agent, status.ctr if signed else None, will=will)  # journalled
         return _JOURNAL_ONLY if changed or signed else _NOTHING  # a repeat is not journalled
 
     def _on_request(self, agent: str, blob: bytes, now: float) -> Effects:
@@ -374,8 +373,7 @@ class RoundEngine:
         req = admission.check_request(text)
         self.registry.check_signed(agent, req.ctr, signed=signed, kind="request")
         self.registry.seen(agent, now)
-        if signed and req.ctr is not None and self.registry.get(agent) is not None:
-            self.registry.signed(agent, req.ctr)
+        self.registry.signed(agent, req.ctr if signed else None)
         return Effects(outbound=self._answer(agent, req.have, now), journal=signed)
 
     def _on_update(self, agent: str, blob: bytes, now: float, decoded: Decoded | None) -> Effects:

@@ -179,8 +179,8 @@ class AgentInfo:
     #: everything broadcast to it while it was live, priced on its profile's downlink part
     down: Cost = ZERO
     #: every message it sent that reached the engine once it was known (hellos, status,
-    #: requests, refused and duplicate updates too), priced on its profile's uplink;
-    #: ``spend`` is the accepted updates only
+    #: requests, refused and duplicate updates too, not those refused ``bad_mac``: not
+    #: provably its), priced on its profile's uplink; ``spend`` is the accepted updates only
     sent: Cost = ZERO
     #: EF21: its state h_i was dropped; its updates are refused until a fresh hello
     needs_reset: bool = False

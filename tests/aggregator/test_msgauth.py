@@ -120,7 +120,7 @@ def test_unsigned_hello_for_a_signing_agent_changes_nothing() -> None:
     eng = engine()
     a = Signer()
     assert send(eng, "hello", a.seal(hello())).reason is None
-    gamma, before = eng.gamma(), eng.agents["a"].hello
+    gamma, before, sent = eng.gamma(), eng.agents["a"].hello, eng.agents["a"].sent
     stranger = hello(rows=1, smoothness=1e-6, profile="lorawan_eu868_dr0_sf12", fresh=True)
     for forged in (messages.dump(stranger), messages.dump(replace(stranger, compressor="randk"))):
         eff = send(eng, "hello", forged, 2.0)
@@ -128,6 +128,7 @@ def test_unsigned_hello_for_a_signing_agent_changes_nothing() -> None:
     wrong_key = mac.seal(KEY_B, "hello", JOB, "a", messages.dump(replace(stranger, ctr=10**13)))
     assert send(eng, "hello", wrong_key).reason == "bad_mac"
     assert eng.agents["a"].hello == before and eng.gamma() == gamma == 4.0
+    assert eng.agents["a"].sent == sent  # nothing charged to its radio either
     assert eng.rejected["bad_mac"] == 3
     assert send(eng, "update", a.update(0, 2000)).reason is None  # not wrong_compressor
     assert eng.version == 1
