@@ -87,7 +87,8 @@ class AgentConfig:
     #: "directional": T priced with the curvature along the direction sent, the update
     #: scaled so that the 1/L step moves x by t q (semantics ``dir``; docs/curvature.md).
     curvature: CurvatureName = "global"
-    mac_key: bytes | None = None  # sign every update with this key (edge_agent.protocol.mac)
+    #: sign every update, hello, status and request with this key (edge_agent.protocol.mac)
+    mac_key: bytes | None = None
     #: the downlink group it receives job-wide messages on (hello ``group``); None: the
     #: profile's shared downlink names it, or there is none (unicast)
     group: str | None = None
