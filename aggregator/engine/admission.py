@@ -37,6 +37,8 @@ REJECT_REASONS: Final[tuple[str, ...]] = (
     "too_large",
     "would_diverge",
     "bad_mac",
+    "replayed",
+    "claims_changed",
     "duplicate",
     "stale",
     "ef21_reset",
@@ -97,12 +99,12 @@ class Limits:
 
 @dataclass(frozen=True, kw_only=True)
 class MacPolicy:
-    """Which updates must carry a valid MAC (docs/wire-format.md section 3.3).
+    """Which messages must carry a valid MAC (docs/wire-format.md sections 3.3 and 11.1).
 
-    ``keys``: the MAC key of each agent that has one (``AGG_MAC_KEYS_DIR``); an update from
-    such an agent must carry a MAC that verifies under it. ``required``
-    (``AGG_REQUIRE_MAC``): an update without a MAC, or from an agent without a key, is
-    refused too. Every refusal is ``bad_mac``. Keys never appear in a repr."""
+    ``keys``: the MAC key of each agent that has one (``AGG_MAC_KEYS_DIR``); an update,
+    hello, status or request from such an agent must carry a MAC that verifies under it.
+    ``required`` (``AGG_REQUIRE_MAC``): one without a MAC, or from an agent without a key,
+    is refused too. Every refusal is ``bad_mac``. Keys never appear in a repr."""
 
     keys: Mapping[str, bytes] = field(default_factory=dict, repr=False, hash=False)
     required: bool = False
@@ -122,6 +124,22 @@ class MacPolicy:
             raise Reject("bad_mac", f"{agent}: unsigned update; run it with --mac-key-file")
         if not update_mac.verify(key, blob):
             raise Reject("bad_mac", f"{agent}: MAC does not verify under its key")
+
+    def open_json(self, kind: str, job: str, agent: str, payload: bytes) -> tuple[bytes, bool]:
+        """The JSON text of ``agent``'s hello, status or request (``kind``) and whether it is
+        authenticated; raises ``bad_mac`` when the policy wants a MAC that does not verify.
+        The signature of an agent without a key here is ignored (not verifiable)."""
+        text, tag = update_mac.split_sealed(payload)
+        key = self.keys.get(agent)
+        if key is None:
+            if self.required:
+                raise Reject("bad_mac", f"{agent}: no MAC key for its {kind} (AGG_REQUIRE_MAC)")
+            return text, False
+        if tag is None:
+            raise Reject("bad_mac", f"{agent}: unsigned {kind}; it has a MAC key")
+        if not update_mac.verify_sealed(key, kind, job, agent, payload):
+            raise Reject("bad_mac", f"{agent}: the MAC of its {kind} does not verify")
+        return text, True
 
 
 #: an update's decoding: what wire.decode returns, or the error it raises
@@ -231,13 +249,45 @@ def check_hello_bounds(hello: messages.Hello, limits: Limits) -> None:
             f"{who}: smoothness={hello.smoothness:g} outside "
             f"[{limits.min_smoothness:g}, {limits.max_smoothness:g}]",
         )
-    if hello.next_seq > MAX_COUNTER or (hello.version or 0) > MAX_COUNTER:
-        raise Reject("out_of_bounds", f"{who}: next_seq or version beyond 2**63 - 1")
+    counters = (hello.next_seq, hello.version, hello.ctr, hello.will_ctr)
+    if max(c or 0 for c in counters) > MAX_COUNTER:
+        raise Reject("out_of_bounds", f"{who}: next_seq, version or a ctr beyond 2**63 - 1")
     if max(len(hello.profile), len(hello.objective), len(hello.policy)) > MAX_TEXT:
         raise Reject("out_of_bounds", f"{who}: profile/objective/policy over {MAX_TEXT} chars")
     problem = limits.profile_problem(hello.profile) if limits.profile_problem else None
     if hello.profile and problem is not None:
         raise Reject("unknown_profile", f"{who}: {problem}")
+
+
+#: what a hello says about its session, not the agent: the rest may change only in a
+#: fresh hello (a restart) or, for an agent with a MAC key, an authenticated one
+SESSION_FIELDS: Final = frozenset({"fresh", "next_seq", "version", "ctr", "will_ctr"})
+
+
+def check_claims(hello: messages.Hello, known: messages.Hello | None) -> None:
+    """Raise ``claims_changed`` when a non-fresh hello of a known agent (``known``: its
+    accepted hello) claims another profile, rows, smoothness, compressor, ... than that."""
+    if known is None or hello.fresh:
+        return
+    was = known.to_dict()
+    changed = [k for k, v in hello.to_dict().items() if k not in SESSION_FIELDS and was[k] != v]
+    if changed:
+        raise Reject(
+            "claims_changed",
+            f"{hello.agent}: {', '.join(changed)} changed in a hello with fresh=false "
+            "(an agent changes its claims only when it restarts)",
+        )
+
+
+def check_counter(ctr: int | None, last: int | None, *, signed: bool, what: str) -> None:
+    """Raise unless a signed message's counter ``ctr`` is above ``last``, the agent's last
+    accepted one (None: none yet): ``bad_mac`` without one, ``replayed`` when not above."""
+    if not signed:
+        return
+    if ctr is None:
+        raise Reject("bad_mac", f"{what}: signed without ctr")
+    if last is not None and ctr <= last:
+        raise Reject("replayed", f"{what}: ctr {ctr} <= {last}, the last accepted")
 
 
 def check_capacity(agent: str, registered: int, cap: int) -> None:

@@ -46,6 +46,11 @@ class SeenKeys:
         rounds = self.sets.get(agent)
         return rounds is not None and seq in rounds.get(round, ())
 
+    def highest(self, agent: str) -> int | None:
+        """The largest seq of ``agent`` among the keys held (None: none)."""
+        rounds = self.sets.get(agent, {})
+        return max((max(seqs) for seqs in rounds.values() if seqs), default=None)
+
     def add(self, agent: str, index: int, round: int, seq: int) -> None:
         """Remember one key; ``index`` is the number :meth:`rows` reports for ``agent``."""
         self.sets.setdefault(agent, {}).setdefault(round, set()).add(seq)

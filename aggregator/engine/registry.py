@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from aggregator.engine.accounting import Spend
-from aggregator.engine.admission import Reject, check_capacity
+from aggregator.engine.admission import Reject, check_capacity, check_counter
 from aggregator.engine.types import AgentInfo
 from edge_agent.links.cost import Cost
 from edge_agent.protocol import messages
@@ -169,6 +169,46 @@ class AgentRegistry:
             info.hello = hello
         self.seen(agent, now)
         return new
+
+    # ------------------------------------------------------------------ signed messages
+
+    def check_signed(
+        self, agent: str, ctr: int | None, *, signed: bool, kind: str, offline: bool = False
+    ) -> bool:
+        """Raise unless a ``signed`` message of ``agent`` with counter ``ctr`` may be
+        accepted (``bad_mac`` without a counter, ``replayed`` when it does not increase);
+        return whether it is the agent's Last Will: an ``offline`` status carrying the
+        counter its last authenticated hello announced, accepted once although lower
+        (docs/wire-format.md section 11.1). Changes nothing."""
+        info = self._agents.get(agent)
+        armed = None if info is None else info.will_ctr
+        if signed and offline and armed is not None and ctr == armed:
+            return True
+        last = None if info is None else info.ctr
+        check_counter(ctr, last, signed=signed, what=f"{agent} {kind}")
+        return False
+
+    def signed(self, agent: str, ctr: int | None, *, will: bool = False) -> None:
+        """Record an accepted signed message of ``agent``: its counter (or, for its Last
+        Will, that the will is spent). None (unsigned) or an unknown agent: nothing."""
+        info = self._agents.get(agent)
+        if info is None or ctr is None:
+            return
+        if will:
+            info.will_spent, info.will_ctr = ctr, None
+        else:
+            info.ctr = ctr if info.ctr is None else max(info.ctr, ctr)
+
+    def signed_hello(self, agent: str, hello: messages.Hello, seq_floor: int) -> None:
+        """An authenticated hello of ``agent`` was accepted: its counter, its Last Will's
+        counter (unless that one was spent already) and the seq floor of its updates, which
+        only moves up: ``max(floor, hello.next_seq, seq_floor)``."""
+        self.signed(agent, hello.ctr)
+        info = self._agents[agent]
+        spent = info.will_spent
+        if hello.will_ctr is not None and (spent is None or hello.will_ctr > spent):
+            info.will_ctr = hello.will_ctr
+        info.seq_floor = max(info.seq_floor, hello.next_seq, seq_floor)
 
     def seen(self, agent: str, now: float) -> None:
         """``agent`` spoke at ``now``: it is live and online (unknown agents: nothing)."""

@@ -64,17 +64,8 @@ from edge_agent.numerics.compressors import Update
 from edge_agent.protocol import messages, wire
 from edge_agent.protocol.downlink import Family, semantics_family
 
-__all__ = [
-    "REJECT_REASONS",
-    "AgentInfo",
-    "Decoded",
-    "Effects",
-    "EngineConfig",
-    "EngineSnapshot",
-    "Evaluator",
-    "FloatArray",
-    "RoundEngine",
-]
+__all__ = ["REJECT_REASONS", "AgentInfo", "Decoded", "Effects", "EngineConfig",
+           "EngineSnapshot", "Evaluator", "FloatArray", "RoundEngine"]  # fmt: skip
 
 log = logging.getLogger("aggregator.engine.rounds")
 
@@ -223,8 +214,7 @@ class RoundEngine:
         updates at once with :func:`edge_agent.protocol.wire_many.decode_many`); used only
         for an update topic.
         """
-        agent: str | None = None
-        kind = ""
+        agent, kind, forged = None, "", False  # forged: not provably the agent's (bad_mac)
         try:
             agent, kind = self._topics.parse(topic)
             blob = admission.check_payload(payload)
@@ -238,6 +228,7 @@ class RoundEngine:
                 return self._on_request(agent, blob, now)
             raise Reject("unexpected_topic", topic[:80])  # cat/<job>/to/<agent>: ours
         except Reject as rej:
+            forged = rej.reason == "bad_mac"
             told = now if kind in ("hello", "update") else None  # refusals answer these only
             return self._reject(rej.reason, rej.detail, agent, told)
         except Exception as exc:  # a bug must not kill the ingest loop
@@ -245,7 +236,7 @@ class RoundEngine:
             return self._reject("internal_error", f"{type(exc).__name__}: {exc}", agent)
         finally:  # what a known agent's radio spent, whatever became of the message
             info = None if agent is None else self.registry.get(agent)
-            if info is not None:
+            if info is not None and not forged:
                 self.registry.add_sent(
                     agent, self._pricer.up_cost(info.hello.profile, len(payload))
                 )
@@ -337,28 +328,25 @@ class RoundEngine:
 
     def _on_hello(self, agent: str, blob: bytes, now: float) -> Effects:
         cfg = self.config
-        hello = admission.check_hello(
-            blob,
-            agent=agent,
-            job=cfg.job,
-            d=cfg.d,
-            model=cfg.model,
-            family=self.family,
-            alone=self.registry.only(agent),
-            fixed_step=cfg.step_size is not None,
-            limits=cfg.limits,
-            feedback=cfg.feedback,
-        )
-        fam = semantics_family(hello.semantics)
+        text, signed = cfg.mac.open_json("hello", cfg.job, agent, blob)
+        hello = admission.check_hello(text, agent=agent, job=cfg.job, d=cfg.d, model=cfg.model,
+                                      family=self.family, alone=self.registry.only(agent),
+                                      fixed_step=cfg.step_size is not None, limits=cfg.limits,
+                                      feedback=cfg.feedback)  # fmt: skip
+        known = self.registry.get(agent)
+        admission.check_claims(hello, None if known is None else known.hello)
+        self.registry.check_signed(agent, hello.ctr, signed=signed, kind="hello")
         self.refusals.refused_agents.forget(agent)
         # --- apply
         self.model.hellos_changed()
-        known = self.registry.get(agent) is not None
-        if known and hello.fresh:
+        high = self.model.seen_keys.highest(agent)  # a fresh hello forgets the keys
+        if known is not None and hello.fresh:
             self._reset_agent_state(agent)
             self.registry.set_needs_reset(agent, False)
         self.registry.join(agent, hello, now, self.version)
-        if self.model.set_family(fam):
+        if signed:  # replays of its earlier updates stay refused (docs/wire-format.md 11.1)
+            self.registry.signed_hello(agent, hello, -1 if high is None else high + 1)
+        if self.model.set_family(semantics_family(hello.semantics)):
             self._reset_agent_state(agent)  # the only agent switched semantics
         out: list[Outbound] = []
         if hello.version is not None and hello.version != self.version:
@@ -371,14 +359,22 @@ class RoundEngine:
         return Effects(outbound=tuple(out), journal=True)
 
     def _on_status(self, agent: str, blob: bytes, now: float) -> Effects:
-        status = admission.check_status(blob, agent=agent)
+        text, signed = self.config.mac.open_json("status", self.config.job, agent, blob)
+        status = admission.check_status(text, agent=agent)
+        off = status.state == "offline"
+        will = self.registry.check_signed(agent, status.ctr, signed=signed, kind="status",
+                                          offline=off)  # fmt: skip
         changed = self.registry.status(agent, status.state, now)
-        return _JOURNAL_ONLY if changed else _NOTHING  # a repeat is not journalled
+        self.registry.signed(agent, status.ctr if signed else None, will=will)  # journalled
+        return _JOURNAL_ONLY if changed or signed else _NOTHING  # a repeat is not journalled
 
     def _on_request(self, agent: str, blob: bytes, now: float) -> Effects:
-        have = admission.check_request(blob).have
+        text, signed = self.config.mac.open_json("request", self.config.job, agent, blob)
+        req = admission.check_request(text)
+        self.registry.check_signed(agent, req.ctr, signed=signed, kind="request")
         self.registry.seen(agent, now)
-        return Effects(outbound=self._answer(agent, have, now))
+        self.registry.signed(agent, req.ctr if signed else None)
+        return Effects(outbound=self._answer(agent, req.have, now), journal=signed)
 
     def _on_update(self, agent: str, blob: bytes, now: float, decoded: Decoded | None) -> Effects:
         info = self.registry.get(agent)
@@ -411,6 +407,8 @@ class RoundEngine:
         cfg = self.config
         if self.model.seen(agent, header):
             return self._duplicate(agent, header, now)
+        if header.seq < info.seq_floor:  # below what its last authenticated hello allowed
+            raise Reject("replayed", f"{agent}: seq {header.seq} < {info.seq_floor}")
         if self.state == "finished":
             raise Reject("finished")
         if header.round > self.version:

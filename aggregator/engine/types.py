@@ -179,16 +179,23 @@ class AgentInfo:
     #: everything broadcast to it while it was live, priced on its profile's downlink part
     down: Cost = ZERO
     #: every message it sent that reached the engine once it was known (hellos, status,
-    #: requests, refused and duplicate updates too), priced on its profile's uplink;
-    #: ``spend`` is the accepted updates only
+    #: requests, refused and duplicate updates too, not those refused ``bad_mac``: not
+    #: provably its), priced on its profile's uplink; ``spend`` is the accepted updates only
     sent: Cost = ZERO
     #: EF21: its state h_i was dropped; its updates are refused until a fresh hello
     needs_reset: bool = False
+    #: signed messages (docs/wire-format.md 11.1): the last accepted ``ctr``, the counter
+    #: of the ``offline`` status its MQTT Last Will carries (accepted once: then
+    #: ``will_spent``), and the seq below which its updates are refused ``replayed``
+    ctr: int | None = None
+    will_ctr: int | None = None
+    will_spent: int | None = None
+    seq_floor: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        # not asdict(): it deep-copies the (immutable) pydantic hello on every call
+        # not asdict(): it deep-copies the (immutable) hello on every call
         out = dict(vars(self))
-        out["hello"] = self.hello.model_dump(mode="json")
+        out["hello"] = self.hello.to_dict()
         out["spend"] = self.spend.to_dict()
         out["down"] = self.down.to_dict()
         out["sent"] = self.sent.to_dict()
@@ -201,7 +208,7 @@ class AgentInfo:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AgentInfo:
         fields = dict(data)
-        fields["hello"] = messages.Hello.model_validate(data["hello"])
+        fields["hello"] = messages.Hello.from_dict(data["hello"])
         fields["spend"] = Spend.from_dict(data["spend"])
         fields["down"] = Cost.from_dict(data.get("down"))
         fields["sent"] = Cost.from_dict(data.get("sent"))

@@ -237,16 +237,17 @@ class Settings(BaseSettings):
         description="Directory of <agent-id>.key public keys: only these agents may connect, "
         "each only as itself (needs AGG_ZMQ_SECRET_KEY_FILE).",
     )
-    # --- per-update MACs (docs/wire-format.md section 3.3, docs/operating.md)
+    # --- per-agent MACs (docs/wire-format.md sections 3.3 and 11.1, docs/operating.md)
     mac_keys_dir: Path | None = Field(
         None,
-        description="Directory of <agent-id>.mac keys (`edge-agent keys mac`): an update "
-        "from an agent with a key must carry a valid MAC (else refused bad_mac).",
+        description="Directory of <agent-id>.mac keys (`edge-agent keys mac`): an update, "
+        "hello, status or request from an agent with a key must carry a valid MAC (else "
+        "refused bad_mac).",
     )
     require_mac: bool = Field(
         False,
-        description="Refuse (bad_mac) every update without a valid MAC, also from agents "
-        "without a key (needs AGG_MAC_KEYS_DIR).",
+        description="Refuse (bad_mac) every update, hello, status or request without a "
+        "valid MAC, also from agents without a key (needs AGG_MAC_KEYS_DIR).",
     )
     # --- signed downlinks (docs/wire-format.md section 13, docs/operating.md)
     signing_key_file: Path | None = Field(

@@ -500,8 +500,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--mac-key-file",
         type=Path,
         default=None,
-        help="sign every update with this agent's MAC key (`edge-agent keys mac`; the "
-        "aggregator holds a copy in AGG_MAC_KEYS_DIR)",
+        help="sign every update, hello, status and request with this agent's MAC key "
+        "(`edge-agent keys mac`; the aggregator holds a copy in AGG_MAC_KEYS_DIR)",
     )
     sec.add_argument(
         "--aggregator-key",

@@ -1,10 +1,14 @@
-"""Per-update MACs: an 8-byte truncated HMAC-SHA256 keyed per agent (docs/wire-format.md).
+"""Per-agent MACs: an 8-byte truncated HMAC-SHA256 keyed per agent (docs/wire-format.md).
 
 An agent that holds a key signs every update it sends: flags bit 4 set and
-``HMAC-SHA256(key, every preceding byte)[:8]`` appended. The aggregator, holding the same
-key for that agent, recomputes it and refuses a mismatch (``bad_mac``), so a broker or
-anyone between cannot forge or alter an update (integrity and origin; no confidentiality).
-Replays of a valid message are caught by the (agent, round, seq) de-duplication.
+``HMAC-SHA256(key, every preceding byte)[:8]`` appended (section 3.3). It signs its JSON
+hellos, status messages and requests too: the JSON text, one ``0x1E`` byte, and the MAC of
+a domain-separated input naming the kind, the job and the agent (section 11.1, :func:`seal`).
+The aggregator, holding the same key for that agent, recomputes it and refuses a mismatch
+(``bad_mac``), so a broker or anyone between cannot forge or alter them (integrity and
+origin; no confidentiality). Replays are refused by counters: the (agent, round, seq)
+de-duplication with a per-agent seq floor for updates, the strictly increasing ``ctr`` of
+every JSON message (:func:`next_counter`).
 
 Keys are 32 random bytes in a file ``<agent-id>.mac`` (mode 0600). Pure standard library:
 ``hmac``, ``hashlib``, ``secrets``.
@@ -46,6 +50,50 @@ def verify(key: bytes, blob: bytes) -> bool:
     if len(blob) <= 6 + MAC_BYTES or not blob[5] & FLAG_MAC:
         return False
     return hmac.compare_digest(compute(key, blob[:-MAC_BYTES]), blob[-MAC_BYTES:])
+
+
+#: the byte between a signed JSON message's text and its MAC; JSON text never holds it
+SEPARATOR = 0x1E
+#: the first bytes of a JSON message's MAC input (an update's starts with 0xCA 0x7E)
+JSON_DOMAIN = b"cat-edge/json/1\x00"
+#: the JSON messages an agent signs (the kind is its topic's: cat/<job>/<kind>/<agent>)
+SIGNED_KINDS = ("hello", "status", "request")
+#: the unit of an agent's message counter: milliseconds of wall-clock time
+COUNTER_UNIT_S = 1e-3
+
+
+def json_mac_input(kind: str, job: str, agent: str, text: bytes) -> bytes:
+    """What the MAC of a signed JSON message covers (docs/wire-format.md section 11.1)."""
+    return b"\x00".join((JSON_DOMAIN + kind.encode(), job.encode(), agent.encode(), text))
+
+
+def seal(key: bytes, kind: str, job: str, agent: str, text: bytes) -> bytes:
+    """A JSON message of ``kind`` from ``agent`` in ``job``, signed: ``text``, 0x1E, MAC."""
+    return text + bytes((SEPARATOR,)) + compute(key, json_mac_input(kind, job, agent, text))
+
+
+def split_sealed(payload: bytes) -> tuple[bytes, bytes | None]:
+    """``(JSON text, MAC)`` of a signed payload, ``(payload, None)`` of an unsigned one: a
+    payload is signed iff its ninth byte from the end is 0x1E."""
+    if len(payload) > MAC_BYTES and payload[-MAC_BYTES - 1] == SEPARATOR:
+        return payload[: -MAC_BYTES - 1], payload[-MAC_BYTES:]
+    return payload, None
+
+
+def verify_sealed(key: bytes, kind: str, job: str, agent: str, payload: bytes) -> bool:
+    """True iff ``payload`` is signed and its MAC verifies for this kind, job and agent."""
+    text, tag = split_sealed(payload)
+    return tag is not None and hmac.compare_digest(
+        compute(key, json_mac_input(kind, job, agent, text)), tag
+    )
+
+
+def next_counter(previous: int | None, now_s: float) -> int:
+    """An agent's next message counter: ``max(previous + 1, now in ms)``, ``now_s`` being
+    wall-clock seconds since the Unix epoch. Strictly increasing within a process, and
+    across restarts as long as the clock does not go back (docs/wire-format.md 11.1)."""
+    now = int(now_s / COUNTER_UNIT_S)
+    return now if previous is None else max(previous + 1, now)
 
 
 def check_key(key: bytes, what: str) -> bytes:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,12 @@ def engine(keys: dict[str, bytes], required: bool = False) -> RoundEngine:
             model="logreg",
             compressor="topk",
         )
-        assert eng.handle(topics.hello(JOB, agent), messages.dump(hello), 0.0).reason is None
+        text = messages.dump(hello)
+        key = keys.get(agent)  # an agent with a key signs its hello (wire-format 11.1)
+        if key is not None:
+            text = mac.seal(key, "hello", JOB, agent, messages.dump(replace(hello, ctr=1)))
+        refused = "bad_mac" if required and key is None else None  # require: every agent signs
+        assert eng.handle(topics.hello(JOB, agent), text, 0.0).reason == refused
     return eng
 
 
@@ -202,7 +208,7 @@ def test_require_mode_refuses_unsigned_and_keyless_agents() -> None:
     assert send(eng, "a", signed(key=None)) == "bad_mac"
     assert send(eng, "b", signed("b", key=None)) == "bad_mac"  # b has no key
     assert send(eng, "b", signed("b", key=KEY_B)) == "bad_mac"  # signed, but unverifiable
-    assert eng.rejected["bad_mac"] == 3
+    assert eng.rejected["bad_mac"] == 4  # and b's hello before them
     assert send(eng, "a", signed()) is None
 
 
@@ -312,8 +318,10 @@ def test_signing_agents_train_over_memory_with_require_mode() -> None:
 def test_an_agent_with_the_wrong_key_is_refused_and_the_job_goes_on() -> None:
     with _fleet({"a": KEY_A, "b": KEY_B}, {"a": KEY_A, "b": KEY_A}, required=False) as fleet:
         fleet.start()
-        fleet.pump(strict=True)
-        fleet.deliver()
-        fleet.step()
-        reasons = [e.reason for e in fleet.pump(tick=False)]
-        assert reasons.count("bad_mac") == 1 and fleet.engine.rejected["bad_mac"] == 1
+        # b's hello and request, signed with a's key, are refused: b never registers
+        reasons = [e.reason for e in fleet.pump()]
+        assert reasons.count("bad_mac") == 2 and set(fleet.engine.agents) == {"a"}
+        eng = fleet.engine
+        blob = wire.encode(topk([1], [0.5]), job=JOB, agent="b", round=0, seq=0, mac_key=KEY_A)
+        assert eng.handle(topics.update(JOB, "b"), blob, 1.0).reason == "bad_mac"
+        assert eng.rejected["bad_mac"] == 3 and eng.x.tobytes() == bytes(8 * 60)

@@ -205,7 +205,8 @@ class Fleet:
         resend_s: float,
         extra: Sequence[str] = (),
     ) -> AgentProcess:
-        """``extra``: more ``edge-agent run`` arguments (e.g. ``--aggregator-key FILE``)."""
+        """Agent ``index`` on ``shard``; ``extra``: more ``edge-agent run`` flags (e.g.
+        ``--aggregator-key FILE``)."""
         agent_id, profile = AGENT_IDS[index], PROFILES[index]
         model_path = self.workdir / f"{agent_id}.npy"
         out_path, err_path = self.workdir / f"{agent_id}.out", self.workdir / f"{agent_id}.err"
