@@ -89,8 +89,11 @@ def normalise_labels(y: FloatArray, *, map_binary: bool) -> FloatArray:
     return y
 
 
-def compact_indices(cols: IndexArray, n_features: int) -> npt.NDArray[np.int32] | IndexArray:
-    """Column indices as int32 when they fit (halves the index memory on a device)."""
+def compact_indices(
+    cols: npt.NDArray[np.int32] | IndexArray, n_features: int
+) -> npt.NDArray[np.int32] | IndexArray:
+    """Column indices as int32 when they fit (halves the index memory on a device); no copy
+    when they already are of that type."""
     if n_features <= np.iinfo(np.int32).max:
-        return cols.astype(np.int32)
-    return cols.astype(np.int64)
+        return cols.astype(np.int32, copy=False)
+    return cols.astype(np.int64, copy=False)
