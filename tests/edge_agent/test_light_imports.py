@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -156,3 +157,21 @@ def test_the_run_path_loads_no_pydantic() -> None:
 
 def _module(path: str) -> str:
     return path.removesuffix(".py").replace("/", ".")
+
+
+def test_reading_data_and_choosing_t_load_no_numpy_ma(tmp_path: Path) -> None:
+    """np.unique imports numpy.ma (about 1.2 MB): neither the LIBSVM reader's label check
+    nor CAT's selection calls it."""
+    shard = tmp_path / "shard.svm"
+    shard.write_text("".join(f"{i % 2} {i % 7 + 1}:0.5 {i % 5 + 8}:1.5\n" for i in range(50)))
+    loaded = _modules_after(
+        "import numpy as np\n"
+        "from edge_agent.data import load_dataset\n"
+        f"ds = load_dataset({str(shard)!r}, n_features=20)\n"
+        "from edge_agent.links.profiles import resolve_profile\n"
+        "from edge_agent.numerics.selection import select_t\n"
+        "g = np.random.default_rng(0).standard_normal(5000)\n"
+        "select_t(g, 'topk', resolve_profile('lorawan_eu868_dr5_sf7'), job='j', agent='a')\n"
+    )
+    assert "edge_agent.data.datafiles" in loaded
+    assert sorted(m for m in loaded if m == "numpy.ma" or m.startswith("numpy.ma.")) == []
