@@ -47,7 +47,7 @@ def bare_numpy_rss_mb() -> float:
 
 #: What a fresh process imports, step by step, before `edge-agent run` reads its data: the
 #: CLI, the ZeroMQ transport, the agent loop (with the wire format, the numerics, the
-#: messages and the job settings), then its first profile parse (the pydantic validators).
+#: messages and the job settings), then its first profile parse.
 IMPORT_STEPS: tuple[tuple[str, str], ...] = (
     ("numpy", "import numpy"),
     ("cli", "import edge_agent.cli.commands"),

@@ -43,9 +43,8 @@ if TYPE_CHECKING:
     )
 
 #: Where each public name lives. The package imports none of them up front (PEP 562): a
-#: device that runs ``edge_agent.agent.loop`` loads only the modules its run needs (the
-#: profile models' pydantic, not the aggregator's helpers), while ``import edge_agent as ea;
-#: ea.select_t`` still works.
+#: device that runs ``edge_agent.agent.loop`` loads only the modules its run needs (not the
+#: aggregator's helpers), while ``import edge_agent as ea; ea.select_t`` still works.
 _HOME: dict[str, str] = {
     **dict.fromkeys(
         (

@@ -6,6 +6,7 @@ A :class:`Problem` is built once per ``aggregator simulate`` run; a :class:`Flee
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,8 +118,8 @@ def on_group(profile: CostProfile, group: CostProfile) -> CostProfile:
         return profile
     if profile.shared_downlink is not None:
         return profile
-    down = profile.downlink.model_copy(update={"shared": shared})
-    return profile.model_copy(update={"name": f"{profile.name}.{group.name}", "downlink": down})
+    down = dataclasses.replace(profile.downlink, shared=shared)
+    return dataclasses.replace(profile, name=f"{profile.name}.{group.name}", downlink=down)
 
 
 def build_fleet(

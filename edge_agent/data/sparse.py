@@ -160,9 +160,12 @@ class CSRMatrix:
             raise DataError(
                 f"CSRMatrix.matvec: x must have shape ({self.shape[1]},), got {xv.shape}"
             )
-        return np.bincount(
-            self._row_ids, weights=self.data * xv[self.indices], minlength=self.shape[0]
-        ).astype(np.float64, copy=False)
+        # one nnz-sized temporary: the gathered x, multiplied in place (a * b == b * a)
+        weights = xv[self.indices]
+        weights *= self.data
+        return np.bincount(self._row_ids, weights=weights, minlength=self.shape[0]).astype(
+            np.float64, copy=False
+        )
 
     def rmatvec(self, y: npt.ArrayLike) -> FloatArray:
         """Return ``A.T @ y`` for ``y`` of shape ``(n_rows,)``; empty columns give 0."""
@@ -171,9 +174,11 @@ class CSRMatrix:
             raise DataError(
                 f"CSRMatrix.rmatvec: y must have shape ({self.shape[0]},), got {yv.shape}"
             )
-        return np.bincount(
-            self.indices, weights=self.data * yv[self._row_ids], minlength=self.shape[1]
-        ).astype(np.float64, copy=False)
+        weights = yv[self._row_ids]
+        weights *= self.data
+        return np.bincount(self.indices, weights=weights, minlength=self.shape[1]).astype(
+            np.float64, copy=False
+        )
 
     def matmat(self, x: npt.ArrayLike) -> FloatArray:
         """Return ``A @ X`` for a dense ``X`` of shape ``(n_cols, k)``."""
@@ -183,7 +188,8 @@ class CSRMatrix:
                 f"CSRMatrix.matmat: X must have shape ({self.shape[1]}, k), got {xm.shape}"
             )
         k = xm.shape[1]
-        products = self.data[:, None] * xm[self.indices]
+        products = xm[self.indices]
+        products *= self.data[:, None]
         # One bincount over (row, class) pairs flattened row-major scatters all k columns at once.
         slots = self._row_ids[:, None] * k + np.arange(k, dtype=np.int64)
         flat = np.bincount(slots.ravel(), weights=products.ravel(), minlength=self.shape[0] * k)
@@ -197,7 +203,8 @@ class CSRMatrix:
                 f"CSRMatrix.rmatmat: Y must have shape ({self.shape[0]}, k), got {ym.shape}"
             )
         k = ym.shape[1]
-        products = self.data[:, None] * ym[self._row_ids]
+        products = ym[self._row_ids]
+        products *= self.data[:, None]
         slots = self.indices.astype(np.int64)[:, None] * k + np.arange(k, dtype=np.int64)
         flat = np.bincount(slots.ravel(), weights=products.ravel(), minlength=self.shape[1] * k)
         return np.asarray(flat, dtype=np.float64).reshape(self.shape[1], k)

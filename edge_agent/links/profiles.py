@@ -30,35 +30,53 @@ from reading and writing profile files in ``load_profile``/``save_profile``.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import sys
 import sysconfig
-from abc import abstractmethod
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal, TypeAlias, overload
+from typing import Any, ClassVar, Final, Literal, TypeAlias, overload
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    NonNegativeInt,
-    PositiveInt,
-    PrivateAttr,
-    TypeAdapter,
-    ValidationError,
-    model_validator,
-)
 
 from edge_agent.errors import ProfileError
 from edge_agent.links.cost import METRICS, Direction, MessageCost, Metric
 from edge_agent.links.profile_errors import ProfileSchema, profile_error
-from edge_agent.links.shared import SharedDelivery, SharedDownlink
+from edge_agent.links.profile_parts import (
+    METRIC,
+    METRIC_COSTS,
+    AffineCoefficients,
+    DownlinkPart,
+    MeasuredPoint,
+    MetricCosts,
+    ceil_div,
+)
+from edge_agent.links.shared import (
+    FRACTION,
+    NONNEGATIVE_INT,
+    POSITIVE_INT,
+    TEXTS,
+    SharedDelivery,
+    SharedDownlink,
+)
+from edge_agent.validation import (
+    Check,
+    Invalid,
+    Problem,
+    build,
+    dict_of,
+    dump,
+    literal,
+    model,
+    optional,
+    revalidate,
+    string,
+    tuple_of,
+)
 
 __all__ = [
     "METRICS",
@@ -90,92 +108,11 @@ PROFILES_DIR_ENV: Final = "CAT_EDGE_PROFILES_DIR"
 
 IntArray: TypeAlias = NDArray[np.int64]
 FloatArray: TypeAlias = NDArray[np.float64]
-CostValue: TypeAlias = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
-"""A finite cost >= 0 in the metric's unit."""
-MetricCosts: TypeAlias = dict[Metric, CostValue]
-
 _NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
-
-
-class AffineCoefficients(_Frozen):
-    """``cost = a + b * B_link``: ``a`` in metric units, ``b`` in metric units per byte."""
-
-    a: CostValue
-    b: CostValue
-
-
-class MeasuredPoint(_Frozen):
-    """One measurement: the cost of a message of ``size_bytes`` link bytes, per metric."""
-
-    size_bytes: NonNegativeInt
-    bits: CostValue | None = None
-    packets: CostValue | None = None
-    airtime_s: CostValue | None = None
-    energy_j: CostValue | None = None
-
-    def defined(self) -> frozenset[Metric]:
-        """The metrics this point gives a value for."""
-        return frozenset(m for m in METRICS if getattr(self, m) is not None)
-
-
-class DownlinkPart(_Frozen):
-    """What *receiving* a message costs the device, and the caps its network sets.
-
-    Same formula as a ``packet`` profile, on the downlink's own numbers: for a message of
-    ``B`` application bytes, ``B_link = B + message_overhead_bytes``, ``packets =
-    ceil(B_link / max_payload_bytes)`` (one packet when ``max_payload_bytes`` is None),
-    ``cost(metric) = per_message + per_packet * packets + per_byte * B_link``: bits
-    received, downlink packets, the downlink's airtime (seconds the device's radio listens
-    to it) and the device's energy at its receive current (joules).
-
-    ``sender_duty_cycle``: the duty cycle the *sender* of downlinks must keep (a LoRaWAN
-    gateway's sub-band, for example); the aggregator paces what it sends to this device
-    accordingly. ``max_messages_per_day``: the network's cap on downlinks to one device per
-    day (community LoRaWAN networks: about 10, Sigfox: 4). None: no such limit.
-
-    ``shared``: a shared delivery (a multicast group, periodic advertising) that reaches
-    every member with one transmission (:class:`edge_agent.links.shared.SharedDownlink`);
-    the numbers above stay the device's own (unicast) downlink, its catch-up path.
-    """
-
-    max_payload_bytes: PositiveInt | None = None
-    message_overhead_bytes: NonNegativeInt = 0
-    per_packet_overhead_bytes: NonNegativeInt = 0
-    per_message: MetricCosts = Field(default_factory=dict)
-    per_packet: MetricCosts = Field(default_factory=dict)
-    per_byte: MetricCosts = Field(default_factory=dict)
-    sender_duty_cycle: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    max_messages_per_day: PositiveInt | None = None
-    shared: SharedDownlink | None = None
-    estimated: tuple[str, ...] = ()
-    notes: str | None = None
-
-    def packet_count(self, link_bytes: IntArray) -> IntArray:
-        if self.max_payload_bytes is None:
-            return np.ones_like(link_bytes)
-        return _ceil_div(link_bytes, self.max_payload_bytes)
-
-    def metric_cost(self, metric: Metric, link_bytes: IntArray) -> FloatArray:
-        """Cost of ``metric`` for received messages of ``link_bytes`` bytes (vectorised)."""
-        out = self.per_byte.get(metric, 0.0) * link_bytes.astype(np.float64)
-        out += self.per_message.get(metric, 0.0)
-        per_packet = self.per_packet.get(metric, 0.0)
-        if per_packet:
-            out += per_packet * self.packet_count(link_bytes)
-        return out
-
-    def sender_silence_s(self, airtime_s: float) -> float:
-        """Seconds the sender must stay silent after ``airtime_s`` of downlink."""
-        if self.sender_duty_cycle is None:
-            return 0.0
-        return airtime_s * (1.0 / self.sender_duty_cycle - 1.0)
-
-
-class CostProfile(_Frozen):
+@dataclass(frozen=True, kw_only=True)
+class CostProfile(ABC):
     """Base of the three profile kinds; use ``load_profile`` or ``parse_profile`` to build one.
 
     Sizes are in bytes (application bytes unless said otherwise); costs are in the
@@ -183,22 +120,46 @@ class CostProfile(_Frozen):
     """
 
     kind: str
-    name: Annotated[str, Field(pattern=_NAME_PATTERN)]
+    name: str
     description: str
     objective: Metric
     sources: tuple[str, ...] = ()
     estimated: tuple[str, ...] = ()
-    duty_cycle: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    duty_cycle: float | None = None
     notes: str | None = None
-    message_overhead_bytes: NonNegativeInt = 0
+    message_overhead_bytes: int = 0
     """Application framing added once per message (bytes), e.g. MQTT PUBLISH header + topic."""
-    per_packet_overhead_bytes: NonNegativeInt = 0
+    per_packet_overhead_bytes: int = 0
     """Header bytes each link packet adds on air; only reported in ``bytes_on_air``."""
-    max_payload_bytes: PositiveInt | None = None
+    max_payload_bytes: int | None = None
     """Largest link payload of one packet in bytes; None: one packet per message."""
     downlink: DownlinkPart | None = None
     """What receiving costs; None: a symmetric link (receiving a message costs what sending
     it would, with no downlink caps)."""
+
+    #: the fields' checks, in order (pydantic's: a subclass's field keeps its base's place)
+    CHECKS: ClassVar[Mapping[str, Check]] = {
+        "kind": string(),
+        "name": string(pattern=_NAME_PATTERN),
+        "description": string(),
+        "objective": METRIC,
+        "sources": TEXTS,
+        "estimated": TEXTS,
+        "duty_cycle": optional(FRACTION),
+        "notes": optional(string()),
+        "message_overhead_bytes": NONNEGATIVE_INT,
+        "per_packet_overhead_bytes": NONNEGATIVE_INT,
+        "max_payload_bytes": optional(POSITIVE_INT),
+        "downlink": optional(model(DownlinkPart)),
+    }
+
+    def __post_init__(self) -> None:
+        revalidate(self)
+        self._check()
+
+    def _check(self) -> None:
+        """The cross-field rules (ValueError: the message names the field)."""
+        self._check_objective_and_duty()
 
     # --- per-kind hooks -------------------------------------------------------------
 
@@ -221,8 +182,7 @@ class CostProfile(_Frozen):
 
     # --- shared validation ----------------------------------------------------------
 
-    @model_validator(mode="after")
-    def _check_objective_and_duty(self) -> CostProfile:
+    def _check_objective_and_duty(self) -> None:
         defined = self.defined_metrics()
         if self.objective not in defined:
             have = ", ".join(m for m in METRICS if m in defined) or "none"
@@ -232,7 +192,6 @@ class CostProfile(_Frozen):
             )
         if self.duty_cycle is not None and "airtime_s" not in defined:
             raise ValueError("duty_cycle: a duty cycle needs an airtime_s cost, which is 0 here")
-        return self
 
     # --- public API -----------------------------------------------------------------
 
@@ -372,10 +331,7 @@ def _check_size(size_bytes: int) -> int:
     return size
 
 
-def _ceil_div(num: IntArray, den: int) -> IntArray:
-    return -(-num // den)
-
-
+@dataclass(frozen=True, kw_only=True)
 class PacketProfile(CostProfile):
     """A link that splits each message into packets of at most ``max_payload_bytes``.
 
@@ -386,10 +342,19 @@ class PacketProfile(CostProfile):
     """
 
     kind: Literal["packet"] = "packet"
-    max_payload_bytes: PositiveInt
-    per_message: MetricCosts = Field(default_factory=dict)
-    per_packet: MetricCosts = Field(default_factory=dict)
-    per_byte: MetricCosts = Field(default_factory=dict)
+    max_payload_bytes: int = field()  # required here (a bare annotation inherits None)
+    per_message: MetricCosts = field(default_factory=dict)
+    per_packet: MetricCosts = field(default_factory=dict)
+    per_byte: MetricCosts = field(default_factory=dict)
+
+    CHECKS: ClassVar[Mapping[str, Check]] = {
+        **CostProfile.CHECKS,
+        "kind": literal("packet"),
+        "max_payload_bytes": POSITIVE_INT,
+        "per_message": METRIC_COSTS,
+        "per_packet": METRIC_COSTS,
+        "per_byte": METRIC_COSTS,
+    }
 
     def defined_metrics(self) -> frozenset[Metric]:
         return frozenset(
@@ -405,7 +370,7 @@ class PacketProfile(CostProfile):
         return self.per_packet.get(self.objective, 0.0) > 0
 
     def _packet_count(self, link_bytes: IntArray) -> IntArray:
-        return _ceil_div(link_bytes, self.max_payload_bytes)
+        return ceil_div(link_bytes, self.max_payload_bytes)
 
     def _metric_cost(self, metric: Metric, link_bytes: IntArray) -> FloatArray:
         per_message = self.per_message.get(metric, 0.0)
@@ -417,6 +382,7 @@ class PacketProfile(CostProfile):
         return out
 
 
+@dataclass(frozen=True, kw_only=True)
 class _UnsplitMixin(CostProfile):
     """Shared by affine and measured: one packet per message unless a max payload is given."""
 
@@ -427,14 +393,21 @@ class _UnsplitMixin(CostProfile):
     def _packet_count(self, link_bytes: IntArray) -> IntArray:
         if self.max_payload_bytes is None:
             return np.ones_like(link_bytes)
-        return _ceil_div(link_bytes, self.max_payload_bytes)
+        return ceil_div(link_bytes, self.max_payload_bytes)
 
 
+@dataclass(frozen=True, kw_only=True)
 class AffineProfile(_UnsplitMixin):
     """``cost(metric) = a + b * B_link`` for each metric in ``coefficients`` (others cost 0)."""
 
     kind: Literal["affine"] = "affine"
     coefficients: dict[Metric, AffineCoefficients]
+
+    CHECKS: ClassVar[Mapping[str, Check]] = {
+        **CostProfile.CHECKS,
+        "kind": literal("affine"),
+        "coefficients": dict_of(METRIC, model(AffineCoefficients)),
+    }
 
     def defined_metrics(self) -> frozenset[Metric]:
         return frozenset(m for m, c in self.coefficients.items() if c.a > 0 or c.b > 0)
@@ -446,6 +419,7 @@ class AffineProfile(_UnsplitMixin):
         return coef.b * link_bytes.astype(np.float64) + coef.a
 
 
+@dataclass(frozen=True, kw_only=True)
 class MeasuredProfile(_UnsplitMixin):
     """Piecewise-linear cost through measured ``points`` (sizes in link bytes).
 
@@ -458,12 +432,24 @@ class MeasuredProfile(_UnsplitMixin):
     kind: Literal["measured"] = "measured"
     points: tuple[MeasuredPoint, ...]
 
-    # tuples, not arrays: pydantic compares private attributes in ==
-    _sizes: tuple[float, ...] = PrivateAttr()
-    _values: dict[Metric, tuple[float, ...]] = PrivateAttr()
+    CHECKS: ClassVar[Mapping[str, Check]] = {
+        **CostProfile.CHECKS,
+        "kind": literal("measured"),
+        "points": tuple_of(model(MeasuredPoint)),
+    }
+    # derived from the points in _prepare (== and the JSON compare the points only)
+    _sizes: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    _values: dict[Metric, tuple[float, ...]] = field(init=False, repr=False, compare=False)
 
-    @model_validator(mode="after")
-    def _check_points(self) -> MeasuredProfile:
+    def _check(self) -> None:
+        # first the derived state defined_metrics reads, then the rules
+        object.__setattr__(self, "_sizes", tuple(float(p.size_bytes) for p in self.points))
+        values = {m: tuple(float(getattr(p, m) or 0.0) for p in self.points) for m in METRICS}
+        object.__setattr__(self, "_values", values)
+        super()._check()
+        self._check_points()
+
+    def _check_points(self) -> None:
         if len(self.points) < 2:
             raise ValueError(f"points: at least 2 points are needed, got {len(self.points)}")
         metrics = self.points[0].defined()
@@ -489,11 +475,6 @@ class MeasuredProfile(_UnsplitMixin):
                         f"points[{i}].{m}: costs must be nondecreasing in size, got "
                         f"{value} at {point.size_bytes} B after {before} at {prev.size_bytes} B"
                     )
-        return self
-
-    def model_post_init(self, context: Any, /) -> None:
-        self._sizes = tuple(float(p.size_bytes) for p in self.points)
-        self._values = {m: tuple(float(getattr(p, m) or 0.0) for p in self.points) for m in METRICS}
 
     def defined_metrics(self) -> frozenset[Metric]:
         return frozenset(m for m in METRICS if any(v > 0 for v in self._values[m]))
@@ -513,19 +494,12 @@ class MeasuredProfile(_UnsplitMixin):
 AnyProfile: TypeAlias = PacketProfile | AffineProfile | MeasuredProfile
 
 
-@functools.cache
-def _any_profile() -> TypeAdapter[AnyProfile]:
-    """The validator of the three kinds, built on first use (the models defer theirs too):
-    a process that never parses a profile never pays for the schemas."""
-    return TypeAdapter[AnyProfile](Annotated[AnyProfile, Field(discriminator="kind")])
-
-
 _KIND_MODELS: Final[dict[str, type[CostProfile]]] = {
     "packet": PacketProfile,
     "affine": AffineProfile,
     "measured": MeasuredProfile,
 }
-_NESTED_MODELS: Final[dict[str, type[BaseModel]]] = {
+_NESTED_MODELS: Final[dict[str, type[Any]]] = {
     "downlink": DownlinkPart,
     "shared": SharedDownlink,
     "points": MeasuredPoint,
@@ -550,9 +524,25 @@ def parse_profile(data: Mapping[str, Any], source: str = "<data>") -> CostProfil
         allowed = ", ".join(repr(k) for k in KINDS)
         raise ProfileError(f"profile {source}: kind: required field is missing ({allowed})")
     try:
-        return _any_profile().validate_python(dict(data))
-    except ValidationError as exc:
-        raise profile_error(source, exc, _SCHEMA) from None
+        return _build_profile(dict(data))
+    except Invalid as exc:
+        raise profile_error(source, exc.problems, _SCHEMA) from None
+
+
+def _build_profile(data: dict[Any, Any]) -> CostProfile:
+    """The profile of the kind ``data["kind"]`` names; Invalid as pydantic's discriminated
+    union reported it (each problem's path starts with the kind)."""
+    kind = data["kind"]
+    cls = _KIND_MODELS.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        expected = ", ".join(repr(k) for k in KINDS)
+        msg = (
+            f"Input tag '{kind}' found using 'kind' does not match any of the expected "
+            f"tags: {expected}"
+        )
+        ctx = {"discriminator": "'kind'", "tag": str(kind), "expected_tags": expected}
+        raise Invalid([Problem((), "union_tag_invalid", msg, data, ctx)])
+    return build(cls, data, (kind,))
 
 
 def load_profile(path: str | Path) -> CostProfile:
@@ -583,8 +573,7 @@ def load_profile(path: str | Path) -> CostProfile:
 
 def profile_to_json(profile: CostProfile) -> str:
     """The profile as JSON text (the format ``load_profile`` reads), ending in a newline."""
-    data = profile.model_dump(mode="json", exclude_none=True)
-    return json.dumps(data, indent=2) + "\n"
+    return json.dumps(dump(profile, exclude_none=True), indent=2) + "\n"
 
 
 def save_profile(profile: CostProfile, path: str | Path) -> Path:

@@ -30,22 +30,38 @@ stop listening: not modelled). Pure: no I/O.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, TypeAlias
+from typing import Any, ClassVar, Final, Literal, TypeAlias
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
 
 from edge_agent.protocol.fragments import FRAME_HEADER_BYTES, frame_cut, parity_frames_for
+from edge_agent.validation import (
+    Check,
+    integer,
+    literal,
+    number,
+    optional,
+    revalidate,
+    string,
+    tuple_of,
+)
 
 __all__ = ["SharedDelivery", "SharedDownlink"]
 
 IntArray: TypeAlias = NDArray[np.int64]
 FloatArray: TypeAlias = NDArray[np.float64]
-Seconds: TypeAlias = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
-Watts: TypeAlias = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
-Period: TypeAlias = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
+#: seconds or watts: finite, >= 0
+NONNEGATIVE: Final = number(ge=0.0, finite=True)
+#: a period in seconds: finite, > 0
+PERIOD: Final = number(gt=0.0, finite=True)
+#: a duty cycle: a fraction in (0, 1]
+FRACTION: Final = number(gt=0.0, le=1.0)
+POSITIVE_INT: Final = integer(gt=0)
+NONNEGATIVE_INT: Final = integer(ge=0)
+TEXTS: Final = tuple_of(string())
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,36 +89,61 @@ class SharedDelivery:
     energy_j: float
 
 
-class SharedDownlink(BaseModel):
-    """A shared delivery: one transmission per frame reaches every member of a group."""
+@dataclass(frozen=True, kw_only=True)
+class SharedDownlink:
+    """A shared delivery: one transmission per frame reaches every member of a group.
 
-    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+    Fields: ``group`` (the group in one line: class, data rate, channel, e.g. ``class C,
+    DR3 on 869.525 MHz``); ``max_payload_bytes``, the group's largest payload per frame,
+    the fragment header included; ``frame_airtime_s``, the time on air of a frame with an
+    empty payload (its link headers included); ``max_messages_per_day``, the network's cap
+    on the group's downlink frames per day (None: none)."""
 
     group: str
-    """The group in one line: class, data rate, channel (e.g. ``class C, DR3 on 869.525 MHz``)."""
     delivery: Literal["continuous", "slotted"]
-    max_payload_bytes: PositiveInt
-    """The group's largest payload per frame (bytes), the fragment header included."""
-    per_packet_overhead_bytes: NonNegativeInt = 0
-    frame_airtime_s: Seconds
-    """Time on air of a frame with an empty payload (its link headers included)."""
-    byte_airtime_s: Seconds
-    sender_duty_cycle: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    rx_power_w: Watts
-    listen_power_w: Watts
-    session_guard_s: Seconds = 0.0
-    slot_period_s: Period | None = None
-    slot_listen_s: Seconds = 0.0
-    sync_period_s: Period | None = None
-    sync_listen_s: Seconds = 0.0
-    redundancy: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
-    max_messages_per_day: PositiveInt | None = None
-    """The network's cap on the group's downlink frames per day; None: none."""
+    max_payload_bytes: int
+    per_packet_overhead_bytes: int = 0
+    frame_airtime_s: float
+    byte_airtime_s: float
+    sender_duty_cycle: float | None = None
+    rx_power_w: float
+    listen_power_w: float
+    session_guard_s: float = 0.0
+    slot_period_s: float | None = None
+    slot_listen_s: float = 0.0
+    sync_period_s: float | None = None
+    sync_listen_s: float = 0.0
+    redundancy: float = 0.0
+    max_messages_per_day: int | None = None
     estimated: tuple[str, ...] = ()
     notes: str | None = None
 
-    @model_validator(mode="after")
-    def _check_delivery(self) -> SharedDownlink:
+    CHECKS: ClassVar[Mapping[str, Check]] = {
+        "group": string(),
+        "delivery": literal("continuous", "slotted"),
+        "max_payload_bytes": POSITIVE_INT,
+        "per_packet_overhead_bytes": NONNEGATIVE_INT,
+        "frame_airtime_s": NONNEGATIVE,
+        "byte_airtime_s": NONNEGATIVE,
+        "sender_duty_cycle": optional(FRACTION),
+        "rx_power_w": NONNEGATIVE,
+        "listen_power_w": NONNEGATIVE,
+        "session_guard_s": NONNEGATIVE,
+        "slot_period_s": optional(PERIOD),
+        "slot_listen_s": NONNEGATIVE,
+        "sync_period_s": optional(PERIOD),
+        "sync_listen_s": NONNEGATIVE,
+        "redundancy": number(ge=0.0, le=1.0),
+        "max_messages_per_day": optional(POSITIVE_INT),
+        "estimated": TEXTS,
+        "notes": optional(string()),
+    }
+
+    def __post_init__(self) -> None:
+        revalidate(self)
+        self._check_delivery()
+
+    def _check_delivery(self) -> None:
         if self.max_payload_bytes <= FRAME_HEADER_BYTES:
             raise ValueError(
                 f"downlink.shared.max_payload_bytes must be > {FRAME_HEADER_BYTES} (the "
@@ -120,7 +161,6 @@ class SharedDownlink(BaseModel):
             )
         if slotted and self.session_guard_s:
             raise ValueError("downlink.shared.session_guard_s belongs to a continuous delivery")
-        return self
 
     # --- vectorised over message sizes ------------------------------------------------
 

@@ -17,20 +17,33 @@ null: the first accepted hello fixes it, and the aggregator refuses the others).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Final, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing import ClassVar, Final, Literal
 
 from edge_agent.errors import WireFormatError
 from edge_agent.protocol import topics
 from edge_agent.protocol.downlink import semantics_family
+from edge_agent.validation import (
+    Check,
+    Invalid,
+    build,
+    compact_json,
+    dump,
+    integer,
+    literal,
+    number,
+    optional,
+    revalidate,
+    string,
+    tuple_of,
+)
 
 FeedbackSetting = Literal["none", "ef", "ef21", "dir", "any"]
 #: the values of ``AGG_FEEDBACK`` / ``EngineConfig.feedback``
 FEEDBACK_SETTINGS: Final[tuple[str, ...]] = ("none", "ef", "ef21", "dir", "any")
 
-_Ident = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")]
+_IDENT: Final = string(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
 
 
 def family_of(feedback: str) -> Literal["mean", "ef21"] | None:
@@ -48,15 +61,15 @@ def agent_flag(feedback: str) -> str:
     return "--feedback none (or ef, or --curvature directional)"
 
 
-class JobInfo(BaseModel):
-    """What the aggregator announces about its job (frozen; unknown fields are ignored so
-    that a newer aggregator may add some)."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore", defer_build=True)
+@dataclass(frozen=True, kw_only=True)
+class JobInfo:
+    """What the aggregator announces about its job (frozen; :func:`parse` ignores unknown
+    fields so that a newer aggregator may add some). Built directly, its fields are checked
+    and coerced as :func:`parse` does (ValueError)."""
 
     type: Literal["job"] = "job"
-    job: _Ident
-    d: int = Field(gt=0)
+    job: str
+    d: int
     model: str
     feedback: FeedbackSetting
     #: ``mean`` or ``ef21``; null while ``feedback`` is ``any`` and no agent fixed it
@@ -64,12 +77,28 @@ class JobInfo(BaseModel):
     compressors: tuple[str, ...]
     #: the minibatch every agent must use (rows, or a fraction of its shard; AGG_BATCH_SIZE);
     #: null: any, full local gradients included
-    batch_size: float | None = Field(default=None, gt=0)
+    batch_size: float | None = None
+
+    CHECKS: ClassVar[Mapping[str, Check]] = {
+        "type": literal("job"),
+        "job": _IDENT,
+        "d": integer(gt=0),
+        "model": string(),
+        "feedback": literal(*FEEDBACK_SETTINGS),
+        "family": optional(literal("mean", "ef21")),
+        "compressors": tuple_of(string()),
+        "batch_size": optional(number(gt=0)),
+    }
+
+    def __post_init__(self) -> None:
+        revalidate(self)
 
     def dump(self) -> bytes:
         """The JSON announcement; ``batch_size`` only when set (older agents' view unchanged)."""
-        unset = {"batch_size"} if self.batch_size is None else None
-        return self.model_dump_json(exclude=unset).encode()
+        data = dump(self, exclude_none=False)
+        if self.batch_size is None:
+            del data["batch_size"]
+        return compact_json(data).encode()
 
 
 def parse(payload: bytes) -> JobInfo | None:
@@ -82,10 +111,10 @@ def parse(payload: bytes) -> JobInfo | None:
     if not isinstance(obj, dict) or obj.get("type") != "job":
         return None
     try:
-        return JobInfo.model_validate(obj)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise WireFormatError(f"job info: {first.get('loc')}: {first.get('msg')}") from None
+        return build(JobInfo, obj, extra="ignore")
+    except Invalid as exc:
+        first = exc.problems[0]
+        raise WireFormatError(f"job info: {first.loc}: {first.msg}") from None
 
 
 def wrong_d_fix(d: int) -> str:

@@ -28,7 +28,7 @@ def info(**fields: object) -> jobinfo.JobInfo:
         "compressors": ("dense", "topk"),
     }
     base.update(fields)
-    return jobinfo.JobInfo.model_validate(base)
+    return jobinfo.JobInfo(**base)  # type: ignore[arg-type]
 
 
 def conflict(i: jobinfo.JobInfo, **own: object) -> str | None:

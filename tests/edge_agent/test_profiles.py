@@ -417,8 +417,8 @@ def test_duplicate_names_in_a_directory_are_rejected(tmp_path: Path) -> None:
 
 def test_profiles_are_frozen() -> None:
     profile = parse_profile(_packet())
-    with pytest.raises(ValueError, match="frozen"):
-        profile.name = "other"
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign"):
+        profile.name = "other"  # type: ignore[misc]
 
 
 # --- properties ----------------------------------------------------------------------

@@ -15,6 +15,7 @@ silence the previous one owes) does not depend on the scale, and the run takes ~
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from edge_agent.links.profiles import (
     PROFILES_DIR_ENV,
     CostProfile,
     parse_profile,
+    profile_to_json,
     resolve_profile,
     save_profile,
 )
@@ -42,7 +44,7 @@ SCALE = 40.0
 
 def fast_lorawan() -> CostProfile:
     """``lorawan_eu868_dr5_sf7`` with every airtime / SCALE, the same 1 % duty cycle."""
-    data: dict[str, Any] = resolve_profile("lorawan_eu868_dr5_sf7").model_dump(mode="json")
+    data: dict[str, Any] = json.loads(profile_to_json(resolve_profile("lorawan_eu868_dr5_sf7")))
     data["name"] = "lorawan_eu868_dr5_sf7_fast"
     for part in ("per_packet", "per_byte", "per_message"):
         if "airtime_s" in data.get(part, {}):
