@@ -195,10 +195,13 @@ class JobModel:
         version: int,
         coef: float,
         profiles: Iterable[tuple[str, str | None]],
+        *,
+        final: bool = False,
     ) -> list[Outbound]:
         """``x`` stepped from ``base`` to ``version``: what the fleet receives (priced on
         the receivers' (profile, shared group or None) for the compressed and the
-        automatic downlink)."""
+        automatic downlink). ``final``: the job ends with this version, whose broadcast
+        makes every copy exact whatever the downlink mode."""
         cfg = self.config
         self._guard.stepped(self.x, step.changed)
         sent = self._down.close(
@@ -210,6 +213,7 @@ class JobModel:
             coef=coef,
             prices=self._pricer.down_prices(profiles),
             aggregate=self._ef21.sum_h,
+            final=final,
         )
         out = [sent or self.snapshot(version)]
         if sent is not None and cfg.snapshot_every and version % cfg.snapshot_every == 0:

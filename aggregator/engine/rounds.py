@@ -604,16 +604,18 @@ class RoundEngine:
             accuracy=self.accuracy,
         )
         self.last_record = record
+        done = None
+        if cfg.max_rounds is not None and self.version >= cfg.max_rounds:
+            done = f"reached max_rounds={cfg.max_rounds}"
+        elif cfg.target_loss is not None and self.loss is not None and self.loss <= cfg.target_loss:
+            done = f"loss {self.loss:.6g} <= target_loss {cfg.target_loss:g}"
         profiles = ((a.hello.profile, self.traffic.group_of(a)) for a in self.registry)
-        out = self.model.stepped(step, base, self.version, coef, profiles)
+        out = self.model.stepped(step, base, self.version, coef, profiles, final=done is not None)
         self.round_state.reset(now)
         self.traffic.closed(now)
         self._prune_seen()
-        if cfg.max_rounds is not None and self.version >= cfg.max_rounds:
-            self.lifecycle.finish(f"reached max_rounds={cfg.max_rounds}", self.version)
-        elif cfg.target_loss is not None and self.loss is not None and self.loss <= cfg.target_loss:
-            reason = f"loss {self.loss:.6g} <= target_loss {cfg.target_loss:g}"
-            self.lifecycle.finish(reason, self.version)
+        if done is not None:
+            self.lifecycle.finish(done, self.version)
         out.extend(self.state_controls(settings=False))
         return Effects(outbound=tuple(out), committed=record)
 

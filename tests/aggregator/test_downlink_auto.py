@@ -40,19 +40,19 @@ class Fleet:
     """An aggregator side (x, the EF21 aggregate or the round's mean) driving one Broadcast,
     and one agent's replica receiving what it sends."""
 
-    def __init__(self, family: downlink.Family, seed: int = 0) -> None:
+    def __init__(self, family: downlink.Family, seed: int = 0, mode: str = "auto") -> None:
         self.family: downlink.Family = family
         self.rng = np.random.default_rng(seed)
         self.x = self.rng.standard_normal(D)
         self.agg = np.zeros(D)
-        self.b = Broadcast(JOB, D, "auto")
+        self.b = Broadcast(JOB, D, mode)  # type: ignore[arg-type]
         self.version = 0
         self.last = b""
         self.replica = Replica(D, family)
         snap = self.b.snapshot(self.x, 0, self.agg, family)
         _apply(self.replica, snap)
 
-    def version_with(self, prices: list[Price], updates: int = 3) -> str:
+    def version_with(self, prices: list[Price], updates: int = 3, *, final: bool = False) -> str:
         """One version: ``updates`` top-T updates enter, x steps, the broadcast goes out and
         the replica applies it; returns what was chosen."""
         before = dict(self.b.chosen)
@@ -75,14 +75,14 @@ class Fleet:
         base, self.version = self.version, self.version + 1
         out = self.b.close(x=self.x, changed=changed, base=base, version=self.version,
                            family=self.family, coef=coef, prices=prices,
-                           aggregate=self.agg)  # fmt: skip
+                           aggregate=self.agg, final=final)  # fmt: skip
         if out is None:
             out = self.b.snapshot(self.x, self.version, self.agg, self.family)
         self.last = out.payload
         _apply(self.replica, out)
         assert self.replica.version == self.version
-        (choice,) = [k for k, v in self.b.chosen.items() if v != before[k]]
-        return choice
+        changed_counts = [k for k, v in self.b.chosen.items() if v != before[k]]
+        return changed_counts[0] if changed_counts else "snapshot"
 
     def check(self) -> None:
         """The replica holds the broadcast model bit for bit; while the copies are exact it
@@ -144,3 +144,18 @@ def test_a_checkpoint_from_another_mode_resyncs_at_the_next_version() -> None:
     b = Broadcast(JOB, D, "auto")
     b.restore({"mode": "exact"})
     assert not b.synced
+
+
+@pytest.mark.parametrize("mode", ["auto", "cat"])
+@pytest.mark.parametrize("family", ["mean", "ef21"])
+def test_the_last_version_leaves_every_copy_exact(mode: str, family: str) -> None:
+    """A job's last version (target reached, max_rounds): whatever the compressed downlink
+    chose before, the broadcast makes the agents' copies the trained model, bit for bit."""
+    fleet = Fleet(family, seed=5, mode=mode)  # type: ignore[arg-type]
+    for _ in range(3):
+        fleet.version_with([per_byte_steep])
+    assert fleet.replica.x is not None
+    assert not np.array_equal(fleet.replica.x, fleet.x)  # the copies are inexact here
+    fleet.version_with([per_byte_steep], final=True)
+    assert fleet.replica.x is not None and np.array_equal(fleet.replica.x, fleet.x)
+    assert np.array_equal(fleet.b.model(fleet.x), fleet.x)

@@ -170,13 +170,22 @@ class Broadcast:
         coef: float,
         prices: Sequence[DownPrice],
         aggregate: FloatArray | None = None,
+        final: bool = False,
     ) -> Outbound | None:
         """The broadcast for version ``base -> version``; None: send a state snapshot.
         ``aggregate``: the EF21 aggregate after this version's step (exact mode keeps a
-        copy for state snapshots of this version)."""
+        copy for state snapshots of this version). ``final``: the job's last version: the
+        compressed downlinks send what makes every copy exact (auto: the exact relay; cat:
+        None, a state snapshot of ``x``), so the fleet ends holding the trained model."""
         ops, self._ops = self._ops, []
         if self.mode == "auto":
-            return self._close_auto(x, changed, base, version, family, coef, prices, aggregate, ops)
+            return self._close_auto(
+                x, changed, base, version, family, coef, prices, aggregate, ops, final=final
+            )
+        if self.mode == "cat" and final:
+            self.w = x.copy()
+            self._history.clear()
+            return None
         if self.mode == "exact" and family == "ef21":
             self._agg_at_version = np.zeros(self.d) if aggregate is None else aggregate.copy()
         if self.mode == "delta":
@@ -216,10 +225,13 @@ class Broadcast:
         prices: Sequence[DownPrice],
         aggregate: FloatArray | None,
         ops: list[bytes],
+        *,
+        final: bool = False,
     ) -> Outbound | None:
         """Auto mode: the exact relay or the compressed change, whichever reduces
-        ``|x - w|^2`` the most per unit of the fleet's receiving cost (ties: exact).
-        None: the exact relay is a state snapshot (the engine sends it)."""
+        ``|x - w|^2`` the most per unit of the fleet's receiving cost (ties: exact; the
+        job's ``final`` version: exact). None: the exact relay is a state snapshot (the
+        engine sends it)."""
         w = self.model(x)
         complete, self._ops_complete = self._ops_complete, True
         fleet = self._fleet_cost(prices)
@@ -227,7 +239,7 @@ class Broadcast:
         miss = float(r @ r)
         relay = self._exact_relay(x, w, changed, base, version, family, coef, ops, aggregate,
                                   complete)  # fmt: skip
-        if miss > 0.0 or not self.synced:
+        if not final and (miss > 0.0 or not self.synced):
             t = 0 if miss == 0.0 else select(r, "signtopk", self._t_price(fleet)).t
             u = compress(r, "signtopk", t, rng=self._rng)
             moved = w.copy()
