@@ -141,6 +141,14 @@ def _pacing_arguments(p: argparse.ArgumentParser) -> None:
         "once for all, and only their answers unicast (docs/multicast.md)",
     )
     p.add_argument(
+        "--cadence",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="on a fleet with duty-cycled radios, every agent sends when its radio allows and "
+        "a round does not wait for a silent EF21 member (AGG_CADENCE; docs/algorithm.md); "
+        "--no-cadence: lockstep rounds",
+    )
+    p.add_argument(
         "--no-downlink-pacing",
         action="store_true",
         help="do not space versions by the agents' downlink caps and sender duty cycles "
@@ -352,6 +360,7 @@ def _run(args: argparse.Namespace) -> int:
                     hostile=args.hostile,
                     batch_size=args.batch_size,
                     schedule_t0=args.schedule_t0,
+                    cadence=args.cadence,
                 )
                 bar.end(res)
                 results.append(res)

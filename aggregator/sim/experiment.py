@@ -29,10 +29,23 @@ that no control message was sent after the start.
 
 Simulated time: the rounds are lockstep, so each round lasts as long as its slowest radio
 (airtime plus duty-cycle silence).
+
+At their own cadence (``cadence``, the default, on a fleet with duty-cycled radios): time
+runs from event to event instead. Each agent sends as soon as it holds a version it has not
+answered, its last reception is over and its radio's duty-cycle silence is served; its
+update reaches the engine when its airtime ends; the engine (``EngineConfig.cadence``) does
+not wait for a member its duty cycle keeps silent (aggregator.engine.cadence). So versions
+advance as fast as the members that are due and the downlinks allow, and a member sends
+at the version it holds when its radio is free. ``f(x_k)`` is then evaluated on the full
+data at every version (not every agent computes at every version); the cost at version
+``k`` is everything sent until it closed; a time step counts as a downlink wait while the
+engine holds a closable round for downlinks or when it ends a reception, else as an uplink
+wait (an update on air, a radio's silence).
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -54,6 +67,7 @@ from edge_agent.agent.loop import Agent, AgentConfig, RoundLog
 from edge_agent.links.cost import COST_FIELDS, ZERO, Cost
 from edge_agent.protocol.indexcode import index_bytes
 from edge_agent.protocol.wire import encoded_size
+from edge_agent.transports import Message
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -131,12 +145,14 @@ def open_fleet(
     hostile: float | None = None,
     batch_size: float | None = None,
     schedule_t0: float = 0.0,
+    cadence: bool = False,
 ) -> FleetHarness:
     """The engine (full quorum, no deadline or liveness timeout) and one agent per shard,
     not started. Close the harness when done. ``aggregation``: ``AGG_AGGREGATION``;
     ``hostile``: agent 0's updates reach the engine scaled by it (aggregator.sim.hostile);
     ``batch_size``: minibatch SGD, the engine then decays the step as
-    ``min(gamma, 2 / (l2 (t + schedule_t0)))`` (aggregator.engine.stepsize.scheduled)."""
+    ``min(gamma, 2 / (l2 (t + schedule_t0)))`` (aggregator.engine.stepsize.scheduled);
+    ``cadence``: ``EngineConfig.cadence`` (aggregator.engine.cadence)."""
     model = problem.model
     lookup = {p.name: p for p in fleet.profiles}
     engine = RoundEngine(
@@ -159,6 +175,7 @@ def open_fleet(
             batch_size=batch_size,
             schedule_l2=model.l2 if batch_size is not None and model.l2 > 0 else None,
             schedule_t0=schedule_t0,
+            cadence=cadence,
         ),
         x0=model.initial_point(),
         profiles=lookup.get,
@@ -289,10 +306,18 @@ class _Book:
         return sub
 
     def add_round(self, logs: Sequence[RoundLog], d: int, compressor: str) -> None:
+        self.add_updates(logs, d, compressor)
+        self.add_version()
+
+    def add_updates(self, logs: Sequence[RoundLog], d: int, compressor: str) -> None:
+        """Updates sent: their bytes, the same with 32-bit indices, their T."""
         b, b32, ts = _bytes_of(logs, d, compressor)
         self.cum_bytes += b
         self.cum_fixed += b32
         self.cum_t += ts
+
+    def add_version(self) -> None:
+        """One more version: dense gradient descent's downlink, priced per version."""
         if self.dense_down is not None:
             self.cum_dense_down = self.cum_dense_down + Cost.sum(self.dense_down)
 
@@ -413,6 +438,110 @@ def _train(
         k += 1
 
 
+class _Events:
+    """The event loop of a fleet at its own cadence: updates on air, each agent's reception."""
+
+    def __init__(self, harness: FleetHarness) -> None:
+        self.harness = harness
+        self.on_air: list[tuple[float, int, Message]] = []  # (arrival, order, message)
+        self.sent = 0
+        self.ready_at = [0.0] * len(harness.agents)  # each agent's reception is over
+
+    def receive(self, now: float) -> None:
+        """Every agent handles what was published; its reception ends after its downlink
+        time (airtime received plus the senders' silence)."""
+        for i, agent in enumerate(self.harness.agents):
+            before = agent.ledger.down.airtime_s + agent.ledger.sender_silence_s
+            while (msg := agent.transport.recv(timeout_s=0)) is not None:
+                agent.handle(msg)
+            busy = agent.ledger.down.airtime_s + agent.ledger.sender_silence_s - before
+            if busy > 0.0:
+                self.ready_at[i] = max(self.ready_at[i], now) + busy
+
+    def may_send(self, i: int, agent: Agent, now: float) -> bool:
+        return agent.due and now >= self.ready_at[i] and now >= agent.radio_free_at
+
+    def send(self, now: float) -> list[RoundLog]:
+        """Every agent that may send does; its update goes on air."""
+        logs: list[RoundLog] = []
+        for i, agent in enumerate(self.harness.agents):
+            if not self.may_send(i, agent, now):
+                continue
+            entry = agent.step()
+            if entry is None:
+                continue
+            logs.append(entry)
+            for msg in self.harness.waiting():
+                self.sent += 1
+                heapq.heappush(self.on_air, (now + entry.airtime_s, self.sent, msg))
+        return logs
+
+    def arrive(self, now: float) -> None:
+        """The engine handles what reached it by ``now``, then ticks."""
+        while self.on_air and self.on_air[0][0] <= now:
+            self.harness.handle(heapq.heappop(self.on_air)[2], strict=True)
+        self.harness.pump(strict=True)
+
+    def next_event(self, now: float) -> tuple[float, bool] | None:
+        """The next time anything happens after ``now``, and whether the wait until then
+        is a downlink's (None: nothing ever will)."""
+        engine = self.harness.engine
+        times: list[tuple[float, bool]] = []
+        if self.on_air:
+            times.append((self.on_air[0][0], False))
+        for i, agent in enumerate(self.harness.agents):
+            if agent.due:
+                ready = self.ready_at[i]
+                times.append((max(ready, agent.radio_free_at), ready > agent.radio_free_at))
+        if engine.next_version_at > now:
+            times.append((engine.next_version_at, True))
+        later = [(t, down) for t, down in times if t > now]
+        if not later:
+            return None
+        at, down = min(later)
+        return at, down or engine.hold(now) is not None
+
+
+def _train_at_cadence(
+    harness: FleetHarness, book: _Book, method: Method, *, max_rounds: int,
+    progress: ProgressFn | None,
+) -> tuple[int, str, float]:  # fmt: skip
+    """Events until a stop reason (see the module doc); returns (last version k, stop
+    reason, f(x_k))."""
+    problem, engine, clock = book.problem, harness.engine, harness.clock
+    events = _Events(harness)
+    k = -1
+    while True:
+        events.receive(clock.now)
+        if engine.version != k:
+            k = engine.version
+            book.record_cost(clock.now)
+            book.trace.grad_rows.append(sum(a.gradient_rows for a in harness.agents))
+            f_k = problem.model.loss(engine.broadcast_model, problem.data)
+            sub = book.observe(k, f_k)
+            if progress is not None:
+                progress(k, sub)
+            reason = book.stop_reason(sub, k, max_rounds)
+            if reason is None and engine.state == "finished":
+                reason = f"engine stopped at version {k}: {engine.finish_reason}"
+            if reason is not None:
+                return k, reason, f_k
+            book.add_version()
+        logs = events.send(clock.now)
+        if logs:
+            book.add_updates(logs, problem.model.d, method.compressor)
+        nxt = events.next_event(clock.now)
+        if nxt is None:
+            raise RuntimeError(f"version {k}: no agent can send and nothing is on air")
+        at, down = nxt
+        if down:
+            book.down_wait_s += at - clock.now
+        else:
+            book.up_wait_s += at - clock.now
+        clock.now = at
+        events.arrive(clock.now)
+
+
 def run_method(
     problem: Problem,
     fleet: Fleet,
@@ -430,15 +559,18 @@ def run_method(
     hostile: float | None = None,
     batch_size: float | None = None,
     schedule_t0: float = 0.0,
+    cadence: bool = True,
 ) -> RunResult:
     """Train ``method`` on ``fleet`` until the smallest target or ``max_rounds``.
 
     ``step_size`` None: the engine's rule (1/L from the hellos, times ``ef21_step_factor``
-    for EF21). ``eval_every`` > 0 adds full-data cross-checks of the objective every that
+    for EF21). ``cadence``: on a fleet with duty-cycled radios, each agent sends when its
+    radio allows and rounds do not wait for silent EF21 members (see the module doc). ``eval_every`` > 0 adds full-data cross-checks of the objective every that
     many rounds; ``progress(k, subopt)`` is called once per round. Raises RuntimeError if
     the protocol misbehaves (a rejection, a model copy that drifts, a resend).
     """
     started = time.perf_counter()
+    at_cadence = cadence and any(p.duty_cycle is not None for p in fleet.profiles)
     with open_fleet(
         problem,
         fleet,
@@ -451,6 +583,7 @@ def run_method(
         hostile=hostile,
         batch_size=batch_size,
         schedule_t0=schedule_t0,
+        cadence=at_cadence,
     ) as harness:
         harness.start()
         harness.pump(strict=True)
@@ -459,9 +592,13 @@ def run_method(
         book.charged_at_start = harness.engine.totals_down
         if method.compressor == "dense":
             book.price_dense_downlink(fleet, problem.model.d)
-        k, stop_reason, f_k = _train(
-            harness, book, method, max_rounds=max_rounds, eval_every=eval_every, progress=progress
-        )
+        if at_cadence:
+            k, stop_reason, f_k = _train_at_cadence(
+                harness, book, method, max_rounds=max_rounds, progress=progress
+            )
+        else:
+            k, stop_reason, f_k = _train(harness, book, method, max_rounds=max_rounds,
+                                         eval_every=eval_every, progress=progress)  # fmt: skip
         _check_objective(problem, harness.engine.broadcast_model, f_k, k)
         models_equal = _check_end(harness, book, method)
         engine = harness.engine

@@ -377,6 +377,12 @@ class Agent:
     def version(self) -> int | None:
         return self.replica.version
 
+    @property
+    def radio_free_at(self) -> float:
+        """When the radio may send again (clock time): the duty-cycle silence its last
+        message owes is served then, whether ``duty_cycle`` waits for it or not."""
+        return self._quiet_until
+
     def _handle_model(self, payload: bytes, *, addressed: bool) -> None:
         m = decode_downlink(payload)
         if m.job != self.config.job:
