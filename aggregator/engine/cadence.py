@@ -13,10 +13,11 @@ hellos and accepted updates), exactly as the agent advances its own ``_quiet_unt
 status, duplicates, requests) are left out, so the estimate may end early: the round then
 waits for the member a little sooner than needed, never later.
 
-**The rule** (``EngineConfig.cadence``, sync mode, EF21 jobs only): at model version ``v``
-and time ``now``, a member is *excused* when its uplink is not free yet
-(``up_free_at > now``) and its last accepted update is fewer than ``S =
-cadence_max_lag`` versions old (or it has none yet). An excused member is neither awaited
+**The rule** (``EngineConfig.cadence``, sync mode, EF21 jobs only): at model version ``v``,
+a member is *excused* when its uplink is not free before the round would close anyway, at
+its deadline or now if that is past (``up_free_at > max(now, opened_at +
+round_deadline_s)``), and its last accepted update
+is fewer than ``S = cadence_max_lag`` versions old (or it has none yet). An excused member is neither awaited
 (the round closes as ``all_reported`` once the members that are due have reported) nor in
 the quorum's base. Its state keeps counting: the EF21 step is ``x <- x - gamma * H / n``
 with ``H`` the sum of every member's ``h_i``, fresh or not, and its next change, when its
@@ -40,8 +41,10 @@ from __future__ import annotations
 from typing import Any
 
 from aggregator.engine.accounting import Pricer
+from aggregator.engine.openround import OpenRound
 from aggregator.engine.registry import AgentRegistry, Participation
 from aggregator.engine.types import AgentInfo, EngineConfig
+from edge_agent.protocol.downlink import Family
 
 
 class Cadence:
@@ -52,6 +55,7 @@ class Cadence:
         self.max_lag = config.cadence_max_lag
         #: the participation window with cadence: a member lagging S versions still counts
         self.window = max(config.participation_window, self.max_lag + 1)
+        self.deadline_s = config.round_deadline_s
         self._pricer = pricer
         self._free_at: dict[str, float] = {}
         self._latest = 0.0  # the latest input time seen (for reads without a time)
@@ -68,22 +72,30 @@ class Cadence:
         if silence_s > 0.0:
             self._free_at[agent] = max(self._free_at.get(agent, 0.0), now) + silence_s
 
-    def excused(self, info: AgentInfo, version: int, now: float) -> bool:
-        """Whether the round at ``version`` does not wait for ``info`` at ``now``."""
-        if self._free_at.get(info.agent, 0.0) <= now:
+    def excused(self, info: AgentInfo, version: int, close_by: float) -> bool:
+        """Whether the round at ``version``, which would close by ``close_by`` anyway (its
+        deadline), does not wait for ``info``."""
+        if self._free_at.get(info.agent, 0.0) <= close_by:
             return False
         return info.last_round is None or version - info.last_round < self.max_lag
 
     def counted(
-        self, registry: AgentRegistry, version: int, now: float | None, *, ef21: bool
+        self,
+        registry: AgentRegistry,
+        round: OpenRound,
+        version: int,
+        now: float | None,
+        family: Family | None,
     ) -> Participation:
-        """Who the open round counts at ``now`` (None: the latest input's time): the
+        """Who the open ``round`` counts at ``now`` (None: the latest input's time): the
         registry's participation, less the excused members when the rule applies (an
         EF21 job in sync mode with ``cadence`` on)."""
-        if not (self.enabled and ef21):
+        if not (self.enabled and family == "ef21"):
             return registry.counted(version)
+        opened = round.opened_at
         at = self._latest if now is None else now
-        excused = frozenset(a.agent for a in registry if self.excused(a, version, at))
+        close_by = max(at, (at if opened is None else opened) + self.deadline_s)
+        excused = frozenset(a.agent for a in registry if self.excused(a, version, close_by))
         return registry.counted(version, excused=excused, window=self.window)
 
     # ------------------------------------------------------------------ persistence

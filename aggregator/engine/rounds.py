@@ -202,7 +202,7 @@ class RoundEngine:
 
     def counted(self, now: float | None = None) -> Participation:
         """Who the open sync round counts at ``now`` (:mod:`aggregator.engine.cadence`)."""
-        return self.cadence.counted(self.registry, self.version, now, ef21=self.family == "ef21")
+        return self.cadence.counted(self.registry, self.round_state, self.version, now, self.family)
 
     def quorum(self, base: int | None = None) -> int:
         """Contributions a sync round needs at its deadline: a fraction of the agents that

@@ -79,6 +79,8 @@ DOWN_FIELDS: Final[tuple[str, ...]] = ("bytes", *METRICS)
 DEFAULT_TARGETS: Final[tuple[float, ...]] = (1e-1, 1e-2, 1e-3)
 #: Relative tolerance of the full-data cross-check of the agents' objective.
 _EVAL_RTOL: Final = 1e-9
+#: At cadence: a round waits for the members whose radio is free before this deadline.
+CADENCE_DEADLINE_S: Final = 900.0
 #: A run whose relative suboptimality exceeds this has diverged: it stops there.
 DIVERGED: Final = 1e6
 
@@ -146,13 +148,15 @@ def open_fleet(
     batch_size: float | None = None,
     schedule_t0: float = 0.0,
     cadence: bool = False,
+    deadline_s: float = 1e18,
 ) -> FleetHarness:
     """The engine (full quorum, no deadline or liveness timeout) and one agent per shard,
     not started. Close the harness when done. ``aggregation``: ``AGG_AGGREGATION``;
     ``hostile``: agent 0's updates reach the engine scaled by it (aggregator.sim.hostile);
     ``batch_size``: minibatch SGD, the engine then decays the step as
     ``min(gamma, 2 / (l2 (t + schedule_t0)))`` (aggregator.engine.stepsize.scheduled);
-    ``cadence``: ``EngineConfig.cadence`` (aggregator.engine.cadence)."""
+    ``cadence``: ``EngineConfig.cadence`` (aggregator.engine.cadence), with the rounds'
+    ``deadline_s`` (the full quorum still waits for every member it does not excuse)."""
     model = problem.model
     lookup = {p.name: p for p in fleet.profiles}
     engine = RoundEngine(
@@ -167,7 +171,7 @@ def open_fleet(
             aggregation=parse_aggregation(aggregation),
             min_agents=fleet.agents,
             quorum_fraction=1.0,
-            round_deadline_s=1e18,
+            round_deadline_s=deadline_s,
             liveness_timeout_s=1e18,
             # every agent runs the method's feedback, so the first hello's family is the
             # method's; "any" (not announced) keeps runs byte-comparable with earlier ones
@@ -176,6 +180,9 @@ def open_fleet(
             schedule_l2=model.l2 if batch_size is not None and model.l2 > 0 else None,
             schedule_t0=schedule_t0,
             cadence=cadence,
+            # a duty-cycled fleet gets no periodic snapshot (8 d bytes to every member, on
+            # air for hours); nobody joins late in a simulation
+            snapshot_every=0 if cadence else EngineConfig.snapshot_every,
         ),
         x0=model.initial_point(),
         profiles=lookup.get,
@@ -560,12 +567,14 @@ def run_method(
     batch_size: float | None = None,
     schedule_t0: float = 0.0,
     cadence: bool = True,
+    deadline_s: float = CADENCE_DEADLINE_S,
 ) -> RunResult:
     """Train ``method`` on ``fleet`` until the smallest target or ``max_rounds``.
 
     ``step_size`` None: the engine's rule (1/L from the hellos, times ``ef21_step_factor``
     for EF21). ``cadence``: on a fleet with duty-cycled radios, each agent sends when its
-    radio allows and rounds do not wait for silent EF21 members (see the module doc). ``eval_every`` > 0 adds full-data cross-checks of the objective every that
+    radio allows and rounds do not wait for an EF21 member whose radio is not free before
+    the round's ``deadline_s`` (see the module doc). ``eval_every`` > 0 adds full-data cross-checks of the objective every that
     many rounds; ``progress(k, subopt)`` is called once per round. Raises RuntimeError if
     the protocol misbehaves (a rejection, a model copy that drifts, a resend).
     """
@@ -584,6 +593,7 @@ def run_method(
         batch_size=batch_size,
         schedule_t0=schedule_t0,
         cadence=at_cadence,
+        deadline_s=deadline_s if at_cadence else 1e18,
     ) as harness:
         harness.start()
         harness.pump(strict=True)

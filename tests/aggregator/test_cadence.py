@@ -29,7 +29,7 @@ def _profiles(name: str) -> CostProfile:
 
 def engine(**overrides: Any) -> RoundEngine:
     cfg: dict[str, Any] = {
-        "job": JOB, "d": D, "step_size": 0.05, "round_deadline_s": 1e9, "quorum_fraction": 1.0,
+        "job": JOB, "d": D, "step_size": 0.05, "round_deadline_s": 1.0, "quorum_fraction": 1.0,
         "min_agents": 3, "liveness_timeout_s": 1e9, "feedback": "ef21", "cadence": True,
         "cadence_max_lag": 4,
     }  # fmt: skip
@@ -66,7 +66,7 @@ def test_the_round_does_not_wait_for_a_silent_member_and_its_state_keeps_countin
         eff = eng.handle(*update(a, 0, 0), 1.0)
     assert eff.committed is not None and eff.committed.reason == "all_reported"
     assert eff.committed.participants == ("f1", "f2")
-    # once its radio is free the slow member is awaited again
+    # once its radio is free before the round's deadline the slow member is awaited again
     t = silent_until + 1.0
     for a in ("f1", "f2"):
         assert eng.handle(*update(a, 1, 1), t).committed is None
