@@ -320,6 +320,10 @@ def aggregator_settings(
         # loopback traffic in real time: the LoRaWAN agent's daily downlink cap would space
         # versions hours apart (the pacing has its own tests)
         "AGG_DOWNLINK_PACING": "false",
+        # the agents here ignore their duty cycle (--duty-cycle ignore): a round that did not
+        # wait for a member the aggregator believes silent would race with its update
+        # (the cadence has its own test, test_cadence_e2e.py)
+        "AGG_CADENCE": "false",
     }
     env.update({f"AGG_{k.upper()}": str(v) for k, v in more.items()})
     return env
@@ -568,7 +572,7 @@ def service_settings(
         data_dir=data_dir,
         min_agents=len(problem.shards),
         tick_s=0.05,
-        **{"downlink_pacing": False, **more},
+        **{"downlink_pacing": False, "cadence": False, **more},
     )
 
 
