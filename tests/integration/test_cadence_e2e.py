@@ -13,22 +13,20 @@ is silent.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 from e2e_helpers import (
-    L2,
     AggregatorProcess,
+    Fleet,
     aggregator_settings,
     make_problem,
+    scaled_profile,
     wait_until,
 )
 
-from aggregator.localnet import HOST, free_port_pair, service_env, tail
-from edge_agent.links.profiles import PROFILES_DIR_ENV, parse_profile, resolve_profile, save_profile
+from aggregator.localnet import HOST, free_port_pair
+from edge_agent.links.profiles import PROFILES_DIR_ENV, resolve_profile, save_profile
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -44,51 +42,13 @@ def _profiles_dir(root: Path) -> tuple[Path, str]:
     root.mkdir()
     for name in FAST.values():
         save_profile(resolve_profile(name), root / f"{name}.json")
-    base = resolve_profile("lorawan_eu868_dr5_sf7")
-    scale = base.message_cost(200).silence_s / SILENCE_S
-    data: dict[str, Any] = base.model_dump(mode="json")
-    data["name"] = "lorawan_eu868_dr5_sf7_scaled"
-    for part in ("per_packet", "per_byte", "per_message"):
-        if "airtime_s" in data.get(part, {}):
-            data[part]["airtime_s"] /= scale
-    profile = parse_profile(data, source="test copy")
+    base = "lorawan_eu868_dr5_sf7"
+    scale = resolve_profile(base).message_cost(200).silence_s / SILENCE_S
+    profile = scaled_profile(base, f"{base}_scaled", scale)
     assert profile.duty_cycle == 0.01
     assert profile.message_cost(200).silence_s == pytest.approx(SILENCE_S)
     save_profile(profile, root / f"{profile.name}.json")
     return root, profile.name
-
-
-def _agent(
-    workdir: Path, *, agent_id: str, profile: str, server: str, job: str, shard: Path,
-    features: int, seed: int,
-) -> tuple[subprocess.Popen[bytes], Path]:  # fmt: skip
-    err = workdir / f"{agent_id}.err"
-    cmd = [
-        sys.executable,
-        "-m",
-        "edge_agent.cli",
-        "run",
-        "--server",
-        server,
-        "--job",
-        job,
-        "--agent-id",
-        agent_id,
-        "--profile",
-        profile,
-        "--data",
-        str(shard),
-        "--features",
-        str(features),
-        "--l2",
-        str(L2),
-        "--seed",
-        str(seed),
-        "--quiet",
-    ]  # fmt: skip  (the defaults: --feedback ef21, --duty-cycle wait)
-    with (workdir / f"{agent_id}.out").open("wb") as out, err.open("wb") as errf:
-        proc = subprocess.Popen(cmd, env=service_env({}), stdout=out, stderr=errf)
-    return proc, err
 
 
 def test_fast_members_advance_while_the_lorawan_member_waits_for_its_duty_cycle(
@@ -105,31 +65,27 @@ def test_fast_members_advance_while_the_lorawan_member_waits_for_its_duty_cycle(
     )  # fmt: skip
     members = {LORA: lora_profile, **FAST}
     agg = AggregatorProcess(tmp_path, settings)
-    procs: list[tuple[subprocess.Popen[bytes], Path]] = []
+    fleet = Fleet(tmp_path)
     try:
         agg.start()
         for i, (agent_id, profile) in enumerate(members.items()):
-            one = _agent(tmp_path, agent_id=agent_id, profile=profile, server=server, job=job,
-                        shard=problem.shards[i], features=problem.features, seed=i)  # fmt: skip
-            procs.append(one)
-
-        def diagnose() -> str:
-            return "\n".join(f"{err.name}: {tail(err, 8)}" for _, err in procs) + agg.diagnose()
+            fleet.start_agent(server=server, job=job, index=i, shard=problem.shards[i],
+                              features=problem.features, feedback="ef21", resend_s=10.0,
+                              agent_id=agent_id, profile=profile, duty_cycle="wait")  # fmt: skip
 
         def lora_accepted() -> int:
             agents = {a["agent"]: a for a in agg.get("/agents")}
             return int(agents.get(LORA, {}).get("updates_accepted", 0))
 
+        def diagnose() -> str:
+            return fleet.diagnose() + agg.diagnose()
+
         wait_until(lambda: lora_accepted() >= 4, 90.0, "four LoRaWAN updates", diagnose=diagnose)
-        for proc, _ in procs:
-            assert proc.poll() is None, diagnose()
+        fleet.check_running()
         history = agg.history()
         agents = {a["agent"]: a for a in agg.get("/agents")}
     finally:
-        for proc, _ in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
+        fleet.close()
         agg.close()
 
     summary = [(r["version"], r["reason"], round(r["latency_s"], 2), sorted(r["agents"]))

@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-from e2e_helpers import AgentThread, make_problem, service_settings, wait_until
+from e2e_helpers import AgentThread, make_problem, scaled_profile, service_settings, wait_until
 
 from aggregator.localnet import HOST, free_port_pair
 from aggregator.service.ingest import AggregatorService
@@ -28,8 +27,6 @@ from edge_agent.agent.loop import AgentConfig
 from edge_agent.links.profiles import (
     PROFILES_DIR_ENV,
     CostProfile,
-    parse_profile,
-    resolve_profile,
     save_profile,
 )
 from edge_agent.protocol import topics
@@ -42,12 +39,7 @@ SCALE = 40.0
 
 def fast_lorawan() -> CostProfile:
     """``lorawan_eu868_dr5_sf7`` with every airtime / SCALE, the same 1 % duty cycle."""
-    data: dict[str, Any] = resolve_profile("lorawan_eu868_dr5_sf7").model_dump(mode="json")
-    data["name"] = "lorawan_eu868_dr5_sf7_fast"
-    for part in ("per_packet", "per_byte", "per_message"):
-        if "airtime_s" in data.get(part, {}):
-            data[part]["airtime_s"] /= SCALE
-    profile = parse_profile(data, source="test copy")
+    profile = scaled_profile("lorawan_eu868_dr5_sf7", "lorawan_eu868_dr5_sf7_fast", SCALE)
     assert profile.duty_cycle == 0.01
     return profile
 
