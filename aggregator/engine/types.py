@@ -133,7 +133,7 @@ class EngineConfig:
             (self.step_rule in ("mean", "median"), "step_rule must be mean or median"),
             (self.participation_window >= 1, "participation_window must be >= 1"),
             (self.max_agents >= 1, "max_agents must be >= 1"),
-            (1 <= self.cadence_max_lag <= self.dedupe_window, "cadence_max_lag out of range"),
+            (self.cadence_max_lag >= 1, "cadence_max_lag must be >= 1"),
             (self.schedule_l2 is None or self.schedule_l2 > 0, "schedule_l2 must be > 0"),
             (self.schedule_t0 >= 0, "schedule_t0 must be >= 0"),
             (self.batch_size is None or self.batch_size > 0, "batch_size must be > 0"),
