@@ -300,6 +300,14 @@ class Pricer:
         profile = self.profile(profile_name)
         return Cost(1, size) if profile is None else self._cost(profile, size)
 
+    def up_silence_s(self, profile_name: str, size: int) -> float:
+        """The duty-cycle silence an agent with this profile owes after sending ``size``
+        bytes (0.0: no duty cycle, or the profile is unknown here)."""
+        profile = self.profile(profile_name)
+        if profile is None or profile.duty_cycle is None:
+            return 0.0
+        return profile.silence_s(self._cost(profile, size).airtime_s)
+
     def down_prices(
         self, receivers: Iterable[str | tuple[str, str | None]]
     ) -> list[Callable[[npt.NDArray[np.int64]], npt.NDArray[np.float64]]]:

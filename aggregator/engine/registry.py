@@ -89,11 +89,17 @@ def is_newcomer(info: AgentInfo, version: int, window: int) -> bool:
     return info.live and info.last_round is None and version - info.joined_version < window
 
 
-def participation(agents: Iterable[AgentInfo], version: int, window: int) -> Participation:
-    """Who takes part and who is awaited at ``version`` (see the module doc)."""
+def participation(
+    agents: Iterable[AgentInfo], version: int, window: int, excused: frozenset[str] = frozenset()
+) -> Participation:
+    """Who takes part and who is awaited at ``version`` (see the module doc); the
+    ``excused`` agents (their duty cycle keeps them silent: aggregator.engine.cadence)
+    neither."""
     taking: set[str] = set()
     new: set[str] = set()
     for info in agents:
+        if info.agent in excused:
+            continue
         if takes_part(info, version, window):
             taking.add(info.agent)
         elif is_newcomer(info, version, window):
@@ -143,9 +149,13 @@ class AgentRegistry:
     def live_count(self) -> int:
         return sum(1 for a in self._agents.values() if a.live)
 
-    def counted(self, version: int) -> Participation:
-        """Who the open sync round of ``version`` counts (see the module doc)."""
-        return participation(self._agents.values(), version, self.window)
+    def counted(
+        self, version: int, *, excused: frozenset[str] = frozenset(), window: int | None = None
+    ) -> Participation:
+        """Who the open sync round of ``version`` counts (see the module doc), but the
+        ``excused`` agents, over ``window`` versions (None: the registry's K)."""
+        k = self.window if window is None else window
+        return participation(self._agents.values(), version, k, excused)
 
     @staticmethod
     def quorum(base: int, min_agents: int, fraction: float) -> int:

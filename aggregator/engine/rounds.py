@@ -6,23 +6,21 @@
 persists what the engine returns *before* it publishes anything (see :class:`Effects`). It
 composes the parts of :mod:`aggregator.engine`, each the only owner of its state, which it
 changes through its own methods and exports and restores itself: the job's
-:class:`~aggregator.engine.lifecycle.Lifecycle`, the
-:class:`~aggregator.engine.registry.AgentRegistry` (records, presence, participation), the
-:class:`~aggregator.engine.openround.OpenRound`, the downlink
-(:class:`~aggregator.engine.downlink.broadcast.Broadcast` and
-:class:`~aggregator.engine.downlink.pacing.DownlinkTraffic`), the update guard and the
-de-duplication keys; the engine itself owns the model (``x``, ``version``, the family and
-the EF21 mirror of :mod:`edge_agent.numerics.aggregation`) and the counters.
+:class:`~.lifecycle.Lifecycle`, the :class:`~.registry.AgentRegistry` (records, presence,
+participation) and :class:`~.cadence.Cadence` (whose duty cycle a round excuses), the
+:class:`~.openround.OpenRound`, the downlink (:class:`~.downlink.broadcast.Broadcast`,
+:class:`~.downlink.pacing.DownlinkTraffic`), the update guard and the de-duplication keys;
+the engine owns the model (``x``, ``version``, the family and the EF21 mirror of
+:mod:`edge_agent.numerics.aggregation`) and the counters.
 
 An update is validated (it fits the job and its sender's hello), admitted (duplicate,
 stale, paused? does it enter this round's step?), then recorded. The step rules (``gamma``,
 the mean and EF21 steps, sync and async modes, quorum and deadline) are in
 docs/algorithm.md; the path of one round through these modules in docs/architecture.md.
-Every new version is broadcast by :class:`aggregator.engine.downlink.broadcast.Broadcast` (replicated
-steps, a delta, or a compressed model change) so agents hold the model the aggregator
-serves; the job stops at ``max_rounds`` or ``target_loss``. Bad messages are counted by
-reason (:data:`REJECT_REASONS`), logged once per reason and dropped:
-:meth:`RoundEngine.handle` never raises and validates fully before it changes anything.
+Every version is broadcast so agents hold the model the aggregator serves; the job stops
+at ``max_rounds`` or ``target_loss``. Bad messages are counted by reason
+(:data:`REJECT_REASONS`), logged once per reason and dropped: :meth:`RoundEngine.handle`
+never raises and validates fully before it changes anything.
 """
 
 from __future__ import annotations
@@ -35,6 +33,7 @@ from typing import Any, Final
 from aggregator.engine import admission
 from aggregator.engine.accounting import Pricer, ProfileLookup, RoundRecord, Spend
 from aggregator.engine.admission import REJECT_REASONS, Decoded, Reject
+from aggregator.engine.cadence import Cadence
 from aggregator.engine.downlink.outbound import Outbound, addressed, control_message
 from aggregator.engine.downlink.pacing import (
     DownlinkTraffic,
@@ -73,7 +72,6 @@ log = logging.getLogger("aggregator.engine.rounds")
 _NOTHING: Final = Effects()
 _JOURNAL_ONLY: Final = Effects(journal=True)
 
-
 #: an admitted update: does it enter this round's step, and with what weight
 _Admission = tuple[bool, float]
 
@@ -110,6 +108,7 @@ class RoundEngine:
             max_agents=config.max_agents,
             window=config.participation_window,
         )
+        self.cadence = Cadence(self._pricer, config)  # duty cycles: who a round excuses
         #: the open round (read it only: its methods are for the engine)
         self.round_state = OpenRound(config.d, config.aggregation)
         self._logged: set[str] = set()
@@ -192,9 +191,9 @@ class RoundEngine:
         1), and admission refuses them when a step size is configured."""
         return self.model.gamma((a.hello for a in self.registry), self.version)
 
-    def counted(self) -> Participation:
-        """Who the open sync round counts (:mod:`aggregator.engine.registry`)."""
-        return self.registry.counted(self.version)
+    def counted(self, now: float | None = None) -> Participation:
+        """Who the open sync round counts at ``now`` (:mod:`aggregator.engine.cadence`)."""
+        return self.cadence.counted(self.registry, self.round_state, self.version, now, self.family)
 
     def quorum(self, base: int | None = None) -> int:
         """Contributions a sync round needs at its deadline: a fraction of the agents that
@@ -346,6 +345,7 @@ class RoundEngine:
         self.registry.join(agent, hello, now, self.version)
         if signed:  # replays of its earlier updates stay refused (docs/wire-format.md 11.1)
             self.registry.signed_hello(agent, hello, -1 if high is None else high + 1)
+        self.cadence.heard(agent, hello.profile, len(blob), now)
         if self.model.set_family(semantics_family(hello.semantics)):
             self._reset_agent_state(agent)  # the only agent switched semantics
         out: list[Outbound] = []
@@ -469,6 +469,7 @@ class RoundEngine:
         self.model.apply(agent, index, header, update, blob, contributes=contributes,
                          weight=weight, norms=norms)  # fmt: skip
         self.registry.accepted(agent, header.round, header.t, spend, now)
+        self.cadence.heard(agent, info.hello.profile, len(blob), now)
         self.accepted += 1
         self.totals.add(spend)
         self.round_state.cost(agent, header.t, spend)
@@ -564,7 +565,7 @@ class RoundEngine:
         cfg = self.config
         if cfg.mode == "async":
             return "async" if self.round_state.count >= cfg.async_apply_every else None
-        counted = self.counted()
+        counted = self.counted(now)
         if counted.awaited <= self.round_state.participants:
             return "all_reported"
         opened = self.round_state.opened_at
@@ -613,14 +614,11 @@ class RoundEngine:
         out = self.model.stepped(step, base, self.version, coef, profiles, final=done is not None)
         self.round_state.reset(now)
         self.traffic.closed(now)
-        self._prune_seen()
+        self.model.prune(self.version)
         if done is not None:
             self.lifecycle.finish(done, self.version)
         out.extend(self.state_controls(settings=False))
         return Effects(outbound=tuple(out), committed=record)
-
-    def _prune_seen(self) -> None:
-        self.model.prune(self.version)
 
     def _reject(
         self, reason: str, detail: str, agent: str | None, now: float | None = None
@@ -649,7 +647,7 @@ class RoundEngine:
 
     def export(self) -> EngineSnapshot:
         """A deep copy of the whole state (for a checkpoint): each part exports its own."""
-        self._prune_seen()
+        self.model.prune(self.version)
         model = self.model.export()
         cfg = self.config
         last = self.last_record
@@ -658,6 +656,7 @@ class RoundEngine:
             **{"job": cfg.job, "d": cfg.d, "model": cfg.model, "version": self.version},
             **self.lifecycle.export(),
             "agents": self.registry.export(),
+            "cadence": self.cadence.export(),
             **{"accepted": self.accepted, "rejected": dict(self.rejected)},
             **{"rounds": self.rounds, "totals": self.totals.to_dict()},
             **self.traffic.export(),
@@ -688,6 +687,7 @@ class RoundEngine:
         self.version = int(meta["version"])
         self.lifecycle.restore(meta)
         self.registry.restore(meta["agents"])
+        self.cadence.restore(meta.get("cadence"))
         self.accepted = int(meta["accepted"])
         self.rejected = {**dict.fromkeys(REJECT_REASONS, 0), **meta["rejected"]}
         self.rounds = int(meta["rounds"])
@@ -697,4 +697,4 @@ class RoundEngine:
         self.last_record = None if rec is None else RoundRecord.from_dict(rec)
         self.round_state.restore(meta["round"], snap.acc)
         self.model.restore(snap, list(self.registry.records))
-        self._prune_seen()
+        self.model.prune(self.version)

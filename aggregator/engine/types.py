@@ -90,6 +90,11 @@ class EngineConfig:
     #: K: a sync round counts agents with an accepted update in the last K versions, and
     #: waits for agents that joined in the last K versions (aggregator.engine.registry)
     participation_window: int = 10
+    #: sync EF21 jobs: a round does not wait for a member whose duty cycle keeps its radio
+    #: silent (its h_i keeps counting), unless its last update is ``cadence_max_lag``
+    #: versions old or more (aggregator.engine.cadence)
+    cadence: bool = False
+    cadence_max_lag: int = 16
     #: registered agents at most; a hello from one more is refused ``too_many_agents``
     max_agents: int = 1000
     #: the update family the job runs: ``ef21``, or ``none``/``ef``/``dir`` (family *mean*,
@@ -128,6 +133,7 @@ class EngineConfig:
             (self.step_rule in ("mean", "median"), "step_rule must be mean or median"),
             (self.participation_window >= 1, "participation_window must be >= 1"),
             (self.max_agents >= 1, "max_agents must be >= 1"),
+            (self.cadence_max_lag >= 1, "cadence_max_lag must be >= 1"),
             (self.schedule_l2 is None or self.schedule_l2 > 0, "schedule_l2 must be > 0"),
             (self.schedule_t0 >= 0, "schedule_t0 must be >= 0"),
             (self.batch_size is None or self.batch_size > 0, "batch_size must be > 0"),

@@ -195,6 +195,19 @@ class Settings(BaseSettings):
         description="K versions: a sync round's quorum counts agents with an accepted update "
         "in the last K versions; it also waits for agents that joined in the last K.",
     )
+    cadence: bool = Field(
+        False,
+        description="Sync EF21 jobs: a round does not wait for a member whose duty cycle keeps "
+        "its radio silent (its state keeps counting), unless it lags cadence_max_lag versions. "
+        "Off by default: on a mixed LoRaWAN fleet it cut the time to target 2.6x and cost 5x "
+        "the bytes (docs/results.md).",
+    )
+    cadence_max_lag: int = Field(
+        16,
+        ge=1,
+        description="With cadence: a member whose last update is this many versions old is "
+        "awaited again, silent or not (the staleness bound, docs/algorithm.md).",
+    )
     checkpoint_every: int = Field(
         1, ge=1, description="Write checkpoint.npz every N versions (the journal covers the rest)."
     )
@@ -362,6 +375,8 @@ class Settings(BaseSettings):
             max_hold_s=self.max_hold_s,
             step_rule=self.step_rule,
             participation_window=self.participation_window,
+            cadence=self.cadence,
+            cadence_max_lag=self.cadence_max_lag,
             max_agents=self.max_agents,
             feedback=self.feedback,
             batch_size=self.batch_size,

@@ -149,6 +149,14 @@ def _pacing_arguments(p: argparse.ArgumentParser) -> None:
         "the run) and have every agent check it: the downlink carries the 74-byte trailers",
     )
     p.add_argument(
+        "--cadence",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="on a fleet with duty-cycled radios, every agent sends when its radio allows and "
+        "a round does not wait for a silent EF21 member (AGG_CADENCE; docs/algorithm.md: "
+        "less time, more bytes); default --no-cadence: lockstep rounds",
+    )
+    p.add_argument(
         "--no-downlink-pacing",
         action="store_true",
         help="do not space versions by the agents' downlink caps and sender duty cycles "
@@ -379,6 +387,7 @@ def _run(args: argparse.Namespace) -> int:
                     batch_size=args.batch_size,
                     schedule_t0=args.schedule_t0,
                     sign_downlink=args.sign_downlink,
+                    cadence=args.cadence,
                 )
                 bar.end(res)
                 results.append(res)

@@ -29,10 +29,26 @@ that no control message was sent after the start.
 
 Simulated time: the rounds are lockstep, so each round lasts as long as its slowest radio
 (airtime plus duty-cycle silence).
+
+At their own cadence (``cadence``, the default, on a fleet with duty-cycled radios): time
+runs from event to event instead. Each agent sends as soon as it holds a version it has not
+answered, its last reception is over and its radio's duty-cycle silence is served; its
+update reaches the engine when its airtime ends; the engine (``EngineConfig.cadence``) does
+not wait for a member its duty cycle keeps silent (aggregator.engine.cadence). So versions
+advance as fast as the members that are due and the downlinks allow, and a member sends
+at the version it holds when its radio is free. ``f(x_k)`` is then evaluated on the full
+data at every version (not every agent computes at every version); the cost at version
+``k`` is everything sent until it closed; a time step counts as a downlink wait while the
+engine holds a closable round for downlinks or when it ends a reception, else as an uplink
+wait (an update on air, a radio's silence). Version ``k``'s time is when the last agent
+holds it (its reception over), as in lockstep; the audit's elapsed time runs until every
+radio's owed silence and every downlink's pacing interval are over (the lockstep clock
+covers them too).
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 import secrets
 import time
@@ -56,6 +72,7 @@ from edge_agent.links.cost import COST_FIELDS, ZERO, Cost
 from edge_agent.protocol.indexcode import index_bytes
 from edge_agent.protocol.signing import KEY_BYTES, CountingSigner, Signer
 from edge_agent.protocol.wire import encoded_size
+from edge_agent.transports import Message
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -67,6 +84,8 @@ DOWN_FIELDS: Final[tuple[str, ...]] = ("bytes", *METRICS)
 DEFAULT_TARGETS: Final[tuple[float, ...]] = (1e-1, 1e-2, 1e-3)
 #: Relative tolerance of the full-data cross-check of the agents' objective.
 _EVAL_RTOL: Final = 1e-9
+#: At cadence: a round waits for the members whose radio is free before this deadline.
+CADENCE_DEADLINE_S: Final = 900.0
 #: A run whose relative suboptimality exceeds this has diverged: it stops there.
 DIVERGED: Final = 1e6
 
@@ -134,6 +153,8 @@ def open_fleet(
     batch_size: float | None = None,
     schedule_t0: float = 0.0,
     sign_downlink: bool = False,
+    cadence: bool = False,
+    deadline_s: float = 1e18,
 ) -> FleetHarness:
     """The engine (full quorum, no deadline or liveness timeout) and one agent per shard,
     not started. Close the harness when done. ``aggregation``: ``AGG_AGGREGATION``;
@@ -141,7 +162,9 @@ def open_fleet(
     ``batch_size``: minibatch SGD, the engine then decays the step as
     ``min(gamma, 2 / (l2 (t + schedule_t0)))`` (aggregator.engine.stepsize.scheduled);
     ``sign_downlink``: every message to the agents is signed with a key made for the run,
-    and every agent checks it (docs/wire-format.md section 13)."""
+    and every agent checks it (docs/wire-format.md section 13);
+    ``cadence``: ``EngineConfig.cadence`` (aggregator.engine.cadence), with the rounds'
+    ``deadline_s`` (the full quorum still waits for every member it does not excuse)."""
     model = problem.model
     lookup = {p.name: p for p in fleet.profiles}
     engine = RoundEngine(
@@ -156,7 +179,7 @@ def open_fleet(
             aggregation=parse_aggregation(aggregation),
             min_agents=fleet.agents,
             quorum_fraction=1.0,
-            round_deadline_s=1e18,
+            round_deadline_s=deadline_s,
             liveness_timeout_s=1e18,
             # every agent runs the method's feedback, so the first hello's family is the
             # method's; "any" (not announced) keeps runs byte-comparable with earlier ones
@@ -164,6 +187,10 @@ def open_fleet(
             batch_size=batch_size,
             schedule_l2=model.l2 if batch_size is not None and model.l2 > 0 else None,
             schedule_t0=schedule_t0,
+            cadence=cadence,
+            # a duty-cycled fleet gets no periodic snapshot (8 d bytes to every member, on
+            # air for hours); nobody joins late in a simulation
+            snapshot_every=0 if cadence else EngineConfig.snapshot_every,
         ),
         x0=model.initial_point(),
         profiles=lookup.get,
@@ -269,8 +296,10 @@ class _Book:
         size = int(encoded_size("dense", d=d, t=d, job=JOB, agent="r", round=0, seq=0))
         self.dense_down = [p.downlink_cost(size).cost for p in fleet.profiles]
 
-    def record_cost(self, now: float) -> None:
-        """Cost of the k rounds that produced x_k (before this round's updates)."""
+    def record_cost(self, now: float, pending_down_s: float = 0.0) -> None:
+        """Cost of the k rounds that produced x_k (before this round's updates);
+        ``pending_down_s``: x_k reaches the last agent that much after ``now``."""
+        now += pending_down_s
         tr = self.trace
         for m in METRICS:
             tr.cost[m].append(_ledger_sum(self.agents, m) - self.base[m])
@@ -279,7 +308,7 @@ class _Book:
         tr.t_sum.append(self.cum_t)
         tr.sim_time_s.append(now)
         tr.up_wait_s.append(self.up_wait_s)
-        tr.down_wait_s.append(self.down_wait_s)
+        tr.down_wait_s.append(self.down_wait_s + pending_down_s)
         received = Cost.sum(a.ledger.down for a in self.agents)
         if self.dense_down is None:
             tr.down.append(received)
@@ -300,10 +329,18 @@ class _Book:
         return sub
 
     def add_round(self, logs: Sequence[RoundLog], d: int, compressor: str) -> None:
+        self.add_updates(logs, d, compressor)
+        self.add_version()
+
+    def add_updates(self, logs: Sequence[RoundLog], d: int, compressor: str) -> None:
+        """Updates sent: their bytes, the same with 32-bit indices, their T."""
         b, b32, ts = _bytes_of(logs, d, compressor)
         self.cum_bytes += b
         self.cum_fixed += b32
         self.cum_t += ts
+
+    def add_version(self) -> None:
+        """One more version: dense gradient descent's downlink, priced per version."""
         if self.dense_down is not None:
             self.cum_dense_down = self.cum_dense_down + Cost.sum(self.dense_down)
 
@@ -424,6 +461,110 @@ def _train(
         k += 1
 
 
+class _Events:
+    """The event loop of a fleet at its own cadence: updates on air, each agent's reception."""
+
+    def __init__(self, harness: FleetHarness) -> None:
+        self.harness = harness
+        self.on_air: list[tuple[float, int, Message]] = []  # (arrival, order, message)
+        self.sent = 0
+        self.ready_at = [0.0] * len(harness.agents)  # each agent's reception is over
+
+    def receive(self, now: float) -> None:
+        """Every agent handles what was published; its reception ends after its downlink
+        time (airtime received plus the senders' silence)."""
+        for i, agent in enumerate(self.harness.agents):
+            before = agent.ledger.down.airtime_s + agent.ledger.sender_silence_s
+            while (msg := agent.transport.recv(timeout_s=0)) is not None:
+                agent.handle(msg)
+            busy = agent.ledger.down.airtime_s + agent.ledger.sender_silence_s - before
+            if busy > 0.0:
+                self.ready_at[i] = max(self.ready_at[i], now) + busy
+
+    def may_send(self, i: int, agent: Agent, now: float) -> bool:
+        return agent.due and now >= self.ready_at[i] and now >= agent.radio_free_at
+
+    def send(self, now: float) -> list[RoundLog]:
+        """Every agent that may send does; its update goes on air."""
+        logs: list[RoundLog] = []
+        for i, agent in enumerate(self.harness.agents):
+            if not self.may_send(i, agent, now):
+                continue
+            entry = agent.step()
+            if entry is None:
+                continue
+            logs.append(entry)
+            for msg in self.harness.waiting():
+                self.sent += 1
+                heapq.heappush(self.on_air, (now + entry.airtime_s, self.sent, msg))
+        return logs
+
+    def arrive(self, now: float) -> None:
+        """The engine handles what reached it by ``now``, then ticks."""
+        while self.on_air and self.on_air[0][0] <= now:
+            self.harness.handle(heapq.heappop(self.on_air)[2], strict=True)
+        self.harness.pump(strict=True)
+
+    def next_event(self, now: float) -> tuple[float, bool] | None:
+        """The next time anything happens after ``now``, and whether the wait until then
+        is a downlink's (None: nothing ever will)."""
+        engine = self.harness.engine
+        times: list[tuple[float, bool]] = []
+        if self.on_air:
+            times.append((self.on_air[0][0], False))
+        for i, agent in enumerate(self.harness.agents):
+            if agent.due:
+                ready = self.ready_at[i]
+                times.append((max(ready, agent.radio_free_at), ready > agent.radio_free_at))
+        if engine.next_version_at > now:
+            times.append((engine.next_version_at, True))
+        later = [(t, down) for t, down in times if t > now]
+        if not later:
+            return None
+        at, down = min(later)
+        return at, down or engine.hold(now) is not None
+
+
+def _train_at_cadence(
+    harness: FleetHarness, book: _Book, method: Method, *, max_rounds: int,
+    progress: ProgressFn | None,
+) -> tuple[int, str, float]:  # fmt: skip
+    """Events until a stop reason (see the module doc); returns (last version k, stop
+    reason, f(x_k))."""
+    problem, engine, clock = book.problem, harness.engine, harness.clock
+    events = _Events(harness)
+    k = -1
+    while True:
+        events.receive(clock.now)
+        if engine.version != k:
+            k = engine.version
+            book.record_cost(clock.now, max(0.0, max(events.ready_at) - clock.now))
+            book.trace.grad_rows.append(sum(a.gradient_rows for a in harness.agents))
+            f_k = problem.model.loss(engine.broadcast_model, problem.data)
+            sub = book.observe(k, f_k)
+            if progress is not None:
+                progress(k, sub)
+            reason = book.stop_reason(sub, k, max_rounds)
+            if reason is None and engine.state == "finished":
+                reason = f"engine stopped at version {k}: {engine.finish_reason}"
+            if reason is not None:
+                return k, reason, f_k
+            book.add_version()
+        logs = events.send(clock.now)
+        if logs:
+            book.add_updates(logs, problem.model.d, method.compressor)
+        nxt = events.next_event(clock.now)
+        if nxt is None:
+            raise RuntimeError(f"version {k}: no agent can send and nothing is on air")
+        at, down = nxt
+        if down:
+            book.down_wait_s += at - clock.now
+        else:
+            book.up_wait_s += at - clock.now
+        clock.now = at
+        events.arrive(clock.now)
+
+
 def run_method(
     problem: Problem,
     fleet: Fleet,
@@ -442,15 +583,20 @@ def run_method(
     batch_size: float | None = None,
     schedule_t0: float = 0.0,
     sign_downlink: bool = False,
+    cadence: bool = False,
+    deadline_s: float = CADENCE_DEADLINE_S,
 ) -> RunResult:
     """Train ``method`` on ``fleet`` until the smallest target or ``max_rounds``.
 
     ``step_size`` None: the engine's rule (1/L from the hellos, times ``ef21_step_factor``
-    for EF21). ``eval_every`` > 0 adds full-data cross-checks of the objective every that
+    for EF21). ``cadence``: on a fleet with duty-cycled radios, each agent sends when its
+    radio allows and rounds do not wait for an EF21 member whose radio is not free before
+    the round's ``deadline_s`` (see the module doc). ``eval_every`` > 0 adds full-data cross-checks of the objective every that
     many rounds; ``progress(k, subopt)`` is called once per round. Raises RuntimeError if
     the protocol misbehaves (a rejection, a model copy that drifts, a resend).
     """
     started = time.perf_counter()
+    at_cadence = cadence and any(p.duty_cycle is not None for p in fleet.profiles)
     with open_fleet(
         problem,
         fleet,
@@ -464,6 +610,8 @@ def run_method(
         batch_size=batch_size,
         schedule_t0=schedule_t0,
         sign_downlink=sign_downlink,
+        cadence=at_cadence,
+        deadline_s=deadline_s if at_cadence else 1e18,
     ) as harness:
         harness.start()
         harness.pump(strict=True)
@@ -472,9 +620,13 @@ def run_method(
         book.charged_at_start = harness.engine.totals_down
         if method.compressor == "dense":
             book.price_dense_downlink(fleet, problem.model.d)
-        k, stop_reason, f_k = _train(
-            harness, book, method, max_rounds=max_rounds, eval_every=eval_every, progress=progress
-        )
+        if at_cadence:
+            k, stop_reason, f_k = _train_at_cadence(
+                harness, book, method, max_rounds=max_rounds, progress=progress
+            )
+        else:
+            k, stop_reason, f_k = _train(harness, book, method, max_rounds=max_rounds,
+                                         eval_every=eval_every, progress=progress)  # fmt: skip
         _check_objective(problem, harness.engine.broadcast_model, f_k, k)
         models_equal = _check_end(harness, book, method)
         engine = harness.engine
@@ -483,7 +635,11 @@ def run_method(
             for a in harness.agents
             for info in (engine.registry.get(a.config.agent_id),)
         }
-        margins = audit(harness.agents, engine.traffic.groups, group_of, harness.clock.now)
+        elapsed_s = harness.clock.now
+        if at_cadence:  # the law's time includes what the last messages owe (module doc)
+            owed = (a.radio_free_at for a in harness.agents)
+            elapsed_s = max(book.trace.sim_time_s[-1], engine.next_version_at, *owed)
+        margins = audit(harness.agents, engine.traffic.groups, group_of, elapsed_s)
         return RunResult(
             method=method,
             fleet=fleet,

@@ -26,6 +26,7 @@ from edge_agent.agent.answers import Answers
 from edge_agent.agent.catchup import CatchUp, Want, want_for
 from edge_agent.agent.ledger import AgentCounters, CostLedger, RoundLog
 from edge_agent.agent.replica import Replica
+from edge_agent.agent.sealer import Outgoing, Sealer
 from edge_agent.agent.signatures import SignatureCheck
 from edge_agent.data import Dataset
 from edge_agent.errors import TransportError, WireFormatError
@@ -43,7 +44,7 @@ from edge_agent.numerics.feedback import FEEDBACK, Feedback
 from edge_agent.numerics.models import Model
 from edge_agent.numerics.sampling import EpochSampler, batch_rows
 from edge_agent.numerics.selection import Policy, Price, make_price, parse_policy
-from edge_agent.protocol import jobinfo, mac, messages, topics
+from edge_agent.protocol import jobinfo, messages, topics
 from edge_agent.protocol.downlink import (
     StateSnapshot,
     decode_downlink,
@@ -60,7 +61,6 @@ FloatArray = npt.NDArray[np.float64]
 FeedbackName = Literal["none", "ef", "ef21"]
 CurvatureName = Literal["global", "directional"]
 #: what an agent sends as JSON (each names its topic's kind in ``type``)
-_Outgoing = messages.Hello | messages.Status | messages.Request
 
 
 @dataclass(frozen=True)
@@ -156,8 +156,8 @@ class Agent:
         self.profile = profile
         self.transport = transport
         self.clock = clock
-        #: the wall clock the counters of signed messages come from (mac.next_counter)
-        self.wall_clock = wall_clock
+        #: the counter and MAC of what it sends (the wall clock feeds the counter)
+        self.sealer = Sealer(config.mac_key, config.job, config.agent_id, wall_clock)
         self.on_round = on_round
         self.rng = np.random.default_rng(config.seed)
         #: the minibatch sampler (its own stream of the seed), None for full gradients
@@ -218,10 +218,7 @@ class Agent:
         self._last_progress = clock()
         self._quiet_until = 0.0
         self._resend_wanted = False
-        self._outbox: list[tuple[str, _Outgoing]] = []
-        #: with a MAC key: the last counter used, and the one its MQTT Last Will carries
-        self._ctr: int | None = None
-        self._will_ctr: int | None = None
+        self._outbox: list[tuple[str, Outgoing]] = []
         #: what the replica lacks and when it may ask again (edge_agent/agent/catchup.py)
         self.catchup = CatchUp(config.resend_s or 30.0)
         self._fresh = True
@@ -239,9 +236,7 @@ class Agent:
     def start(self) -> None:
         """Connect, subscribe to the job's model topics, say hello, ask for the model."""
         job, me = self.config.job, self.config.agent_id
-        will = self._seal(messages.Status(state="offline", agent=me))
-        self._will_ctr = self._ctr  # the hello announces it: accepted once (wire-format 11.1)
-        self.transport.set_will(topics.status(job, me), will)
+        self.transport.set_will(topics.status(job, me), self.sealer.will())
         self._started = True
         self.transport.connect()
         for pattern in topics.agent_subscriptions(job, me):
@@ -263,10 +258,10 @@ class Agent:
             profile=self.profile.name,
             objective=self.profile.objective,
             fresh=self._fresh,
-            next_seq=self._next_seq(),
+            next_seq=self.sealer.next_seq(self.seq),
             version=self.version,
             group=self.config.group,
-            will_ctr=self._will_ctr,
+            will_ctr=self.sealer.will_ctr,
         )
         # no separate "online" status: a hello marks the agent online at the aggregator, and
         # on a duty-cycled radio every message costs minutes of silence
@@ -290,30 +285,10 @@ class Agent:
         if req is None:
             return False
         self.counters.requests += 1
-        self._publish(self._topic_request, self._seal(req), update=False)
+        self._publish(self._topic_request, self.sealer.seal(req), update=False)
         return True
 
-    def _next_seq(self) -> int:
-        """The seq of the next update, or (with a MAC key) a lower bound of it."""
-        if self.config.mac_key is None:
-            return self.seq
-        return mac.next_counter(self._ctr, self.wall_clock())
-
-    def _take_counter(self) -> int:
-        """The next counter of a signing agent (its JSON ``ctr`` and its updates' seq)."""
-        self._ctr = mac.next_counter(self._ctr, self.wall_clock())
-        return self._ctr
-
-    def _seal(self, msg: _Outgoing) -> bytes:
-        """The bytes of a hello, status or request: its JSON, and with a MAC key the next
-        counter in it and the MAC after it (docs/wire-format.md section 11.1)."""
-        key = self.config.mac_key
-        if key is None:
-            return messages.dump(msg)
-        text = messages.dump(replace(msg, ctr=self._take_counter()))
-        return mac.seal(key, msg.type, self.config.job, self.config.agent_id, text)
-
-    def _send_control(self, topic: str, msg: _Outgoing) -> None:
+    def _send_control(self, topic: str, msg: Outgoing) -> None:
         """Control traffic costs radio time too: it goes into the ledger (not as an update),
         and under ``duty_cycle="wait"`` it waits, like updates, until the radio may send
         (the newest message per topic is kept; :meth:`run` sends it when the silence ends).
@@ -322,7 +297,7 @@ class Agent:
             self._outbox = [(t, p) for t, p in self._outbox if t != topic]
             self._outbox.append((topic, msg))
             return
-        self._publish(topic, self._seal(msg), update=False)
+        self._publish(topic, self.sealer.seal(msg), update=False)
 
     def _publish(self, topic: str, payload: bytes, *, update: bool) -> MessageCost:
         """Send one message, account it, and owe the radio's duty-cycle silence after it:
@@ -340,7 +315,7 @@ class Agent:
     def _flush_outbox(self) -> None:
         """Send the oldest waiting control message (one: each owes its own silence)."""
         topic, msg = self._outbox.pop(0)
-        self._publish(topic, self._seal(msg), update=False)
+        self._publish(topic, self.sealer.seal(msg), update=False)
 
     def stop(self) -> None:
         """Ask :meth:`run` to return (safe from a signal handler or another thread)."""
@@ -368,7 +343,7 @@ class Agent:
                 status = messages.Status(
                     state=state, agent=self.config.agent_id, round=self.version
                 )
-                payload = self._seal(status)
+                payload = self.sealer.seal(status)
                 self.transport.publish(
                     topics.status(self.config.job, self.config.agent_id), payload
                 )
@@ -421,6 +396,12 @@ class Agent:
     @property
     def version(self) -> int | None:
         return self.replica.version
+
+    @property
+    def radio_free_at(self) -> float:
+        """When the radio may send again (clock time): the duty-cycle silence its last
+        message owes is served then, whether ``duty_cycle`` waits for it or not."""
+        return self._quiet_until
 
     def _handle_model(self, payload: bytes, *, addressed: bool) -> None:
         m = decode_downlink(payload)
@@ -544,7 +525,7 @@ class Agent:
         assert self.x is not None and self.version is not None
         cfg = self.config
         if cfg.mac_key is not None:  # a seq above every one it ever used, restarts included
-            self.seq = self._take_counter()
+            self.seq = self.sealer.take()
         t0 = time.perf_counter()
         batch = self.data if self.sampler is None else self.data.take(self.sampler.next())
         loss, g = self.model.loss_grad(self.x, batch)

@@ -34,7 +34,7 @@ from aggregator.sim.harness import FleetHarness
 from aggregator.sim.optimum import solve_optimum
 from edge_agent.agent.loop import Agent, AgentConfig, FeedbackName
 from edge_agent.data import load_dataset, make_rcv1_like, split_shards, write_libsvm
-from edge_agent.links.profiles import CostProfile, resolve_profile
+from edge_agent.links.profiles import CostProfile, parse_profile, profile_to_json, resolve_profile
 from edge_agent.numerics.models import make_model
 from edge_agent.transports import Message, Transport, open_transport
 
@@ -61,6 +61,17 @@ class Problem:
     def target_loss(self, rel_subopt: float) -> float:
         """The loss at relative suboptimality ``(f - f*) / (f(0) - f*) = rel_subopt``."""
         return self.f_star + rel_subopt * (self.f0 - self.f_star)
+
+
+def scaled_profile(name: str, new_name: str, scale: float) -> CostProfile:
+    """Profile ``name`` with every airtime divided by ``scale`` (its duty cycle unchanged), as
+    ``new_name``: a time-scaled copy for tests on loopback."""
+    data: dict[str, Any] = json.loads(profile_to_json(resolve_profile(name)))
+    data["name"] = new_name
+    for part in ("per_packet", "per_byte", "per_message"):
+        if "airtime_s" in data.get(part, {}):
+            data[part]["airtime_s"] /= scale
+    return parse_profile(data, source="test copy")
 
 
 def make_problem(
@@ -204,10 +215,14 @@ class Fleet:
         feedback: FeedbackName,
         resend_s: float,
         extra: Sequence[str] = (),
+        agent_id: str | None = None,
+        profile: str | None = None,
+        duty_cycle: str = "ignore",
     ) -> AgentProcess:
-        """Agent ``index`` on ``shard``; ``extra``: more ``edge-agent run`` flags (e.g.
-        ``--aggregator-key FILE``)."""
-        agent_id, profile = AGENT_IDS[index], PROFILES[index]
+        """``edge-agent run`` as agent ``index`` (its id and profile unless given);
+        ``extra``: more ``edge-agent run`` flags (e.g. ``--aggregator-key FILE``)."""
+        agent_id = AGENT_IDS[index] if agent_id is None else agent_id
+        profile = PROFILES[index] if profile is None else profile
         model_path = self.workdir / f"{agent_id}.npy"
         out_path, err_path = self.workdir / f"{agent_id}.out", self.workdir / f"{agent_id}.err"
         cmd = [
@@ -234,7 +249,7 @@ class Fleet:
             "--seed",
             str(index),
             "--duty-cycle",
-            "ignore",
+            duty_cycle,
             "--resend-s",
             str(resend_s),
             "--save-model",
@@ -572,7 +587,7 @@ def service_settings(
         data_dir=data_dir,
         min_agents=len(problem.shards),
         tick_s=0.05,
-        **{"downlink_pacing": False, **more},
+        **{"downlink_pacing": False, "cadence": False, **more},
     )
 
 

@@ -15,13 +15,11 @@ silence the previous one owes) does not depend on the scale, and the run takes ~
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-from e2e_helpers import AgentThread, make_problem, service_settings, wait_until
+from e2e_helpers import AgentThread, make_problem, scaled_profile, service_settings, wait_until
 
 from aggregator.localnet import HOST, free_port_pair
 from aggregator.service.ingest import AggregatorService
@@ -29,9 +27,6 @@ from edge_agent.agent.loop import AgentConfig
 from edge_agent.links.profiles import (
     PROFILES_DIR_ENV,
     CostProfile,
-    parse_profile,
-    profile_to_json,
-    resolve_profile,
     save_profile,
 )
 from edge_agent.protocol import topics
@@ -44,12 +39,7 @@ SCALE = 40.0
 
 def fast_lorawan() -> CostProfile:
     """``lorawan_eu868_dr5_sf7`` with every airtime / SCALE, the same 1 % duty cycle."""
-    data: dict[str, Any] = json.loads(profile_to_json(resolve_profile("lorawan_eu868_dr5_sf7")))
-    data["name"] = "lorawan_eu868_dr5_sf7_fast"
-    for part in ("per_packet", "per_byte", "per_message"):
-        if "airtime_s" in data.get(part, {}):
-            data[part]["airtime_s"] /= SCALE
-    profile = parse_profile(data, source="test copy")
+    profile = scaled_profile("lorawan_eu868_dr5_sf7", "lorawan_eu868_dr5_sf7_fast", SCALE)
     assert profile.duty_cycle == 0.01
     return profile
 
