@@ -75,26 +75,51 @@ def power_iteration(
     ``v <- a^T a v / |a^T a v|`` until the estimate ``|a^T a v|`` (``v`` unit,
     a lower bound on the top eigenvalue that increases towards it) changes by
     less than ``rtol`` relative, or ``iters`` steps. Returns 0 for a zero matrix.
+
+    A start with almost nothing along the top eigenvector settles near a lower eigenvalue
+    first, and the relative-change test can stop there (seen: 7 % below sigma_max^2 where
+    the top two singular values were 4.43 and 4.26). So the answer is checked: the same
+    iteration on the complement of ``v`` (a second start built from the first, no further
+    draws from ``rng``) holds the top eigenvalue if ``v`` missed it; when it finds more, the
+    iteration goes on from there. A converged estimate is returned unchanged.
     """
     if iters < 1:
         raise DataError(f"power_iteration: iters must be >= 1, got {iters}")
-    v: FloatArray = np.asarray(rng.standard_normal(size=(int(a.shape[1]),)), dtype=np.float64)
+    start: FloatArray = np.asarray(rng.standard_normal(size=(int(a.shape[1]),)), dtype=np.float64)
+    estimate, v = _power_steps(a, start, iters, rtol, None)
+    if estimate == 0.0 or v.size < 2:
+        return estimate
+    other, u = _power_steps(a, start[::-1].copy(), iters, rtol, v)
+    if other > estimate * (1.0 + rtol):
+        estimate = max(other, _power_steps(a, u, iters, rtol, None)[0])
+    return estimate
+
+
+def _power_steps(
+    a: Matrix, v: FloatArray, iters: int, rtol: float, away: FloatArray | None
+) -> tuple[float, FloatArray]:
+    """Power iteration from ``v`` (kept orthogonal to the unit vector ``away`` if given): the
+    largest estimate seen and the last iterate (0 and ``v`` for a zero start or matrix)."""
+    if away is not None:
+        v -= (away @ v) * away
     norm = float(np.linalg.norm(v))
     if norm == 0.0:
-        return 0.0
-    v /= norm
+        return 0.0, v
+    v = v / norm
     estimate = 0.0
     for _ in range(iters):
         w = rmatvec(a, matvec(a, v))
+        if away is not None:
+            w -= (away @ w) * away
         new = float(np.linalg.norm(w))
         if new == 0.0:
-            return 0.0
+            return estimate, v
         v = w / new
         done = abs(new - estimate) <= rtol * new
         estimate = max(estimate, new)
         if done:
             break
-    return estimate
+    return estimate, v
 
 
 @dataclass(frozen=True, kw_only=True)
