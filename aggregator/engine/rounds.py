@@ -118,6 +118,7 @@ class RoundEngine:
             liveness_timeout_s=config.liveness_timeout_s,
             max_agents=config.max_agents,
             window=config.participation_window,
+            unproven_ttl_s=config.unproven_ttl_s,
         )
         #: the open round (read it only: its methods are for the engine)
         self.round_state = OpenRound(config.d, config.aggregation)
@@ -257,6 +258,10 @@ class RoundEngine:
         reproduces the state exactly (ticks that change nothing need not be stored).
         """
         changed = bool(self.registry.expire(now))
+        renumbered = self.registry.forget_unproven(now)
+        if renumbered is not None:
+            self.model.renumber(renumbered)
+            changed = True
         if self.state == "waiting":
             changed = self._maybe_start(now) or changed
         closed = self._maybe_close(now)
@@ -377,6 +382,8 @@ class RoundEngine:
 
     def _on_request(self, agent: str, blob: bytes, now: float) -> Effects:
         have = admission.check_request(blob).have
+        if self.registry.get(agent) is None:  # never answered: a snapshot per invented id
+            raise Reject("unknown_agent", f"{agent} sent a request before its hello")
         self.registry.seen(agent, now)
         return Effects(outbound=self._answer(agent, have, now))
 
@@ -423,9 +430,9 @@ class RoundEngine:
             return self._ef21_reset(agent, info, staleness)
         if staleness > cfg.dedupe_window:
             raise Reject("stale", f"{agent}: {staleness} versions old (beyond the dedupe window)")
-        contributes = self.round_state.admits(
-            agent, header.round, staleness, ef21, paused=self.state == "paused", config=cfg
-        )
+        contributes = self.round_state.admits(agent, header.round, staleness, ef21, config=cfg,
+                                              paused=self.state == "paused",
+                                              last_round=info.last_round)  # fmt: skip
         if not ef21 and not contributes:
             if self.state == "paused":
                 raise Reject("paused", f"{agent}: round {header.round}")
@@ -564,6 +571,8 @@ class RoundEngine:
     def _closable(self, now: float) -> str | None:
         """Why the open round would close at ``now`` downlinks aside (None: it would not)."""
         cfg = self.config
+        if self.round_state.short_of_rule():
+            return None
         if cfg.mode == "async":
             return "async" if self.round_state.count >= cfg.async_apply_every else None
         counted = self.counted()
@@ -584,7 +593,7 @@ class RoundEngine:
     def _close(self, now: float, reason: str) -> Effects:
         cfg = self.config
         gamma = self.gamma()
-        step, coef = self.model.step(self.round_state, gamma, len(self.registry))
+        step, coef = self.model.step(self.round_state, gamma)
         if not step.finite:
             return self._drop_round(now)
         base = self.version

@@ -80,6 +80,7 @@ def _agent_out(service: AggregatorService, a: AgentInfo) -> AgentOut:
 @router.get("/status", tags=["job"], summary="Job state, model version, loss and cost totals")
 def get_status(service: ServiceDep) -> StatusOut:
     transports = service.transports()
+    refused = service.transport_refused()
 
     def build(e: RoundEngine) -> StatusOut:
         dense = service.dense_down  # read under the engine lock, like the engine
@@ -89,6 +90,7 @@ def get_status(service: ServiceDep) -> StatusOut:
             recovered_from=service.recovered_from,
             dense_down=None if dense is None else dense.total,
             now=service.now(),
+            transport_refused=refused,
         )
 
     return service.read(build)
