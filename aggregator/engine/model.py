@@ -164,7 +164,7 @@ class JobModel:
             self._down.add(blob, header.t, 1.0)
         elif contributes:
             self._down.add(blob, header.t, weight)
-        self._guard.accepted(*norms, ef21=ef21, weight=weight)
+        self._guard.accepted(agent, *norms, ef21=ef21, weight=weight)
 
     def reset_agent(self, agent: str, index: int) -> None:
         """Drop ``agent``'s EF21 state and forget its de-duplication keys."""

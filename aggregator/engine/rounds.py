@@ -447,7 +447,7 @@ class RoundEngine:
     def _duplicate(self, agent: str, header: wire.UpdateHeader, now: float) -> Effects:
         """An update whose (round, seq) key was applied already."""
         detail = f"{agent} round {header.round} seq {header.seq}"
-        if header.round == self.version and self.traffic.hold(now) is not None:
+        if header.round == self.version and self.traffic.hold(now, self.registry) is not None:
             # a re-send while the round waits for downlinks: it is alive, nothing refused
             return _JOURNAL_ONLY if self.registry.refresh(agent, now) else _NOTHING
         if header.round < self.version:
@@ -563,7 +563,7 @@ class RoundEngine:
         reason = self._closable(now)
         if reason is None:
             return _NOTHING if self.config.mode == "async" else Effects()
-        may, changed = self.traffic.may_close(now, self.config.max_hold_s)
+        may, changed = self.traffic.may_close(now, self.config.max_hold_s, self.registry)
         if not may:
             return _JOURNAL_ONLY if changed else _NOTHING
         return self._close(now, reason)
@@ -588,7 +588,7 @@ class RoundEngine:
     def hold(self, now: float) -> Hold | None:
         """Whether a round that could close waits for downlinks at ``now``: the reason,
         the agents whose downlink holds it and until when (None: not held)."""
-        return self.traffic.hold(now) if self.state == "running" else None
+        return self.traffic.hold(now, self.registry) if self.state == "running" else None
 
     def _close(self, now: float, reason: str) -> Effects:
         cfg = self.config
