@@ -5,11 +5,12 @@ and restores it itself (a checkpoint's ``acc`` array and its ``round`` meta)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import KeysView
+from collections.abc import Callable, KeysView
 from typing import Any
 
 from aggregator.engine.accounting import RoundCosts, Spend
 from aggregator.engine.admission import Reject
+from aggregator.engine.registry import Participation
 from aggregator.engine.robust_round import (
     Aggregation,
     RobustAccumulator,
@@ -19,7 +20,6 @@ from aggregator.engine.robust_round import (
 from aggregator.engine.types import EngineConfig
 from edge_agent.numerics.aggregation import FloatArray, MeanAccumulator, StepResult
 from edge_agent.numerics.compressors import Update
-
 
 log = logging.getLogger("aggregator.engine")
 
@@ -131,6 +131,25 @@ class OpenRound:
                 raise Reject("duplicate", f"{agent} already reported for round {round}")
             contributes = False  # a second EF21 change for the same round: state only
         return contributes
+
+    def close_reason(
+        self, now: float, config: EngineConfig, counted: Participation | None,
+        quorum: Callable[[int], int],
+    ) -> str | None:  # fmt: skip
+        """Why this round would close at ``now``, downlinks aside (None: it would not):
+        the robust rule's minimum first (:meth:`short_of_rule`); async, ``async_apply_every``
+        contributions; sync (``counted``: who the round counts), ``all_reported`` or, past
+        the deadline, ``quorum(counted.quorum_base)`` contributions (``deadline``)."""
+        if self.short_of_rule():
+            return None
+        if counted is None:
+            return "async" if self._count >= config.async_apply_every else None
+        if counted.awaited <= self._contrib.keys():
+            return "all_reported"
+        opened = now if self._opened_at is None else self._opened_at
+        if now >= opened + config.round_deadline_s and len(self) >= quorum(counted.quorum_base):
+            return "deadline"
+        return None
 
     # ------------------------------------------------------------------ changes
 

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -230,24 +230,23 @@ class AgentRegistry:
                 log.info("agent %s lost (silent for %.0f s)", info.agent, now - info.last_seen)
         return lost
 
-    def forget_unproven(self, now: float) -> list[int] | None:
+    def forget_unproven(self, now: float, renumber: Callable[[list[int]], None]) -> bool:
         """Forget the agents that had no update accepted within ``unproven_ttl_s`` of their
-        first hello (see the module doc). Returns None when none was, else each old
-        registration index's new one (-1: forgotten), for the de-duplication keys."""
+        first hello (see the module doc); return whether any was. ``renumber`` is then told
+        each old registration index's new one (-1: forgotten), for the de-duplication keys."""
         ttl = self.unproven_ttl_s
-        if ttl is None:
-            return None
-        gone = [a.agent for a in self._agents.values()
-                if a.accepted == 0 and now - a.first_seen > ttl]  # fmt: skip
+        gone = [] if ttl is None else [a.agent for a in self._agents.values()
+                                       if a.accepted == 0 and now - a.first_seen > ttl]  # fmt: skip
         if not gone:
-            return None
+            return False
         for agent in gone:
             del self._agents[agent]
         log.info("forgot %d agent(s) without an accepted update %.0f s after their hello "
                  "(AGG_UNPROVEN_TTL_S): %s", len(gone), ttl, ", ".join(gone[:5]))  # fmt: skip
         old = self._index
         self._index = {a: i for i, a in enumerate(self._agents)}
-        return [self._index.get(a, -1) for a in old]
+        renumber([self._index.get(a, -1) for a in old])
+        return True
 
     def accepted(self, agent: str, round: int, t: int, spend: Spend, now: float) -> None:
         """An update of ``agent`` for ``round`` (``t`` values) was accepted at ``now``."""

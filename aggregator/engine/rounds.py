@@ -258,10 +258,7 @@ class RoundEngine:
         reproduces the state exactly (ticks that change nothing need not be stored).
         """
         changed = bool(self.registry.expire(now))
-        renumbered = self.registry.forget_unproven(now)
-        if renumbered is not None:
-            self.model.renumber(renumbered)
-            changed = True
+        changed = self.registry.forget_unproven(now, self.model.renumber) or changed
         if self.state == "waiting":
             changed = self._maybe_start(now) or changed
         closed = self._maybe_close(now)
@@ -360,11 +357,13 @@ class RoundEngine:
         self.model.hellos_changed()
         known = self.registry.get(agent) is not None
         if known and hello.fresh:
-            self._reset_agent_state(agent)
+            self.model.reset_agent(agent, self.registry.index(agent))
             self.registry.set_needs_reset(agent, False)
         self.registry.join(agent, hello, now, self.version)
         if self.model.set_family(fam):
-            self._reset_agent_state(agent)  # the only agent switched semantics
+            self.model.reset_agent(
+                agent, self.registry.index(agent)
+            )  # the only agent switched semantics
         out: list[Outbound] = []
         if hello.version is not None and hello.version != self.version:
             out.extend(self._answer(agent, hello.version, now, controls=False))
@@ -504,13 +503,10 @@ class RoundEngine:
             outbound=out or (self._reset_message(agent),), journal=True, reason=eff.reason
         )
 
-    def _reset_agent_state(self, agent: str) -> None:
-        self.model.reset_agent(agent, self.registry.index(agent))
-
     def _rejoin(self, agent: str) -> Outbound:
         """Drop ``agent``'s EF21 state and keys; its updates wait for a fresh hello, which
         the returned message asks it for."""
-        self._reset_agent_state(agent)
+        self.model.reset_agent(agent, self.registry.index(agent))
         self.registry.set_needs_reset(agent, True)
         return self._reset_message(agent)
 
@@ -543,7 +539,7 @@ class RoundEngine:
             if ef21:  # drops h_i and asks the agent to rejoin
                 out.append(self._rejoin(agent))
             else:  # its keys are forgotten: it may send the update again
-                self._reset_agent_state(agent)
+                self.model.reset_agent(agent, self.registry.index(agent))
         self.model.round_dropped()
         self.round_state.reset(now)
         return Effects(outbound=tuple(out), changed=True)
@@ -570,20 +566,8 @@ class RoundEngine:
 
     def _closable(self, now: float) -> str | None:
         """Why the open round would close at ``now`` downlinks aside (None: it would not)."""
-        cfg = self.config
-        if self.round_state.short_of_rule():
-            return None
-        if cfg.mode == "async":
-            return "async" if self.round_state.count >= cfg.async_apply_every else None
-        counted = self.counted()
-        if counted.awaited <= self.round_state.participants:
-            return "all_reported"
-        opened = self.round_state.opened_at
-        opened = now if opened is None else opened
-        quorum = self.quorum(counted.quorum_base)
-        if now >= opened + cfg.round_deadline_s and len(self.round_state) >= quorum:
-            return "deadline"
-        return None
+        counted = self.counted() if self.config.mode == "sync" else None
+        return self.round_state.close_reason(now, self.config, counted, self.quorum)
 
     def hold(self, now: float) -> Hold | None:
         """Whether a round that could close waits for downlinks at ``now``: the reason,
@@ -619,7 +603,7 @@ class RoundEngine:
         out = self.model.stepped(step, base, self.version, coef, profiles)
         self.round_state.reset(now)
         self.traffic.closed(now)
-        self._prune_seen()
+        self.model.prune(self.version)
         if cfg.max_rounds is not None and self.version >= cfg.max_rounds:
             self.lifecycle.finish(f"reached max_rounds={cfg.max_rounds}", self.version)
         elif cfg.target_loss is not None and self.loss is not None and self.loss <= cfg.target_loss:
@@ -627,9 +611,6 @@ class RoundEngine:
             self.lifecycle.finish(reason, self.version)
         out.extend(self.state_controls(settings=False))
         return Effects(outbound=tuple(out), committed=record)
-
-    def _prune_seen(self) -> None:
-        self.model.prune(self.version)
 
     def _reject(
         self, reason: str, detail: str, agent: str | None, now: float | None = None
@@ -658,7 +639,7 @@ class RoundEngine:
 
     def export(self) -> EngineSnapshot:
         """A deep copy of the whole state (for a checkpoint): each part exports its own."""
-        self._prune_seen()
+        self.model.prune(self.version)
         model = self.model.export()
         cfg = self.config
         last = self.last_record
@@ -706,4 +687,4 @@ class RoundEngine:
         self.last_record = None if rec is None else RoundRecord.from_dict(rec)
         self.round_state.restore(meta["round"], snap.acc)
         self.model.restore(snap, list(self.registry.records))
-        self._prune_seen()
+        self.model.prune(self.version)

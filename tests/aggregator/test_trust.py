@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from aggregator.engine.guard import UpdateGuard
 from aggregator.engine.admission import Limits
+from aggregator.engine.guard import UpdateGuard
 from aggregator.engine.robust_round import parse_aggregation
 from aggregator.engine.rounds import Effects, EngineConfig, RoundEngine
 from aggregator.service.store import JournalEntry, apply_entry
@@ -34,7 +34,9 @@ def hello(agent: str, **kw: Any) -> tuple[str, bytes]:
     return topics.hello(JOB, agent), messages.dump(messages.Hello(**fields))
 
 
-def update(agent: str, values: Any, *, round: int, seq: int = 0, sem: str = "plain") -> tuple[str, bytes]:
+def update(
+    agent: str, values: Any, *, round: int, seq: int = 0, sem: str = "plain"
+) -> tuple[str, bytes]:
     u = Update("dense", D, None, np.asarray(values, dtype=np.float64), semantics=sem)  # type: ignore[arg-type]
     return topics.update(JOB, agent), wire.encode(u, job=JOB, agent=agent, round=round, seq=seq)
 
@@ -185,7 +187,9 @@ def test_async_ef21_takes_a_second_change_as_state_only() -> None:
     for a in ("evil", "b"):
         eng.handle(*hello(a, semantics="ef21"), 0.0)
     for s in range(5):  # applied to its h_i (the agent added it to its own), not counted
-        assert eng.handle(*update("evil", np.ones(D), round=0, seq=s, sem="ef21"), 1.0).reason is None
+        assert (
+            eng.handle(*update("evil", np.ones(D), round=0, seq=s, sem="ef21"), 1.0).reason is None
+        )
     assert eng.version == 0 and eng.round_state.count == 1
     eng.handle(*update("b", np.ones(D), round=0, sem="ef21"), 2.0)
     assert eng.version == 1

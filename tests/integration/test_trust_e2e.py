@@ -14,12 +14,11 @@ from typing import Any
 import numpy as np
 import pytest
 import zmq
+from e2e_helpers import AggregatorProcess, wait_until
 
 from aggregator.localnet import HOST, free_port_pair
 from edge_agent.numerics.compressors import Update
 from edge_agent.protocol import messages, topics, wire
-
-from e2e_helpers import AggregatorProcess, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.security, pytest.mark.slow]
 
