@@ -726,8 +726,8 @@ def test_downlink_pacing_spaces_versions_by_every_live_agents_caps() -> None:
     from aggregator.engine.downlink.broadcast import downlink_interval_s
     from edge_agent.links.profiles import resolve_profile
 
-    eng = RoundEngine(
-        EngineConfig(job=JOB, d=D, step_size=GAMMA, downlink_pacing=True),
+    eng = RoundEngine(  # live throughout: a holder that is lost no longer holds (issue 20)
+        EngineConfig(job=JOB, d=D, step_size=GAMMA, downlink_pacing=True, liveness_timeout_s=1e5),
         profiles=resolve_profile,
     )
     join(eng, "a", profile="lorawan_eu868_dr5_sf7")

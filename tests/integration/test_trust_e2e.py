@@ -146,3 +146,39 @@ def test_a_frame_above_the_zmq_cap_is_counted_in_metrics_and_status(tmp_path: Pa
         assert agg.status()["updates_rejected"] == {}  # the engine never saw it
     finally:
         agg.close()
+
+
+def test_one_agent_cannot_make_async_versions_alone_nor_robust_rounds_of_two(
+    tmp_path: Path,
+) -> None:
+    port = free_port_pair()
+    agg = AggregatorProcess(tmp_path, _settings(tmp_path, port, mode="async",
+                                                async_apply_every=2,
+                                                aggregation="clipped_mean"))  # fmt: skip
+    try:
+        agg.start()
+        with _push(port) as push:
+            push.send_multipart(_hello("evil"))
+            wait_until(lambda: agg.status()["agents"] == 1, 10, "the hello")
+            for seq in range(12):
+                topic, blob = _update("evil", 0)
+                u = wire.decode(blob)[1]
+                push.send_multipart([topic, wire.encode(u, job=JOB, agent="evil", round=0,
+                                                        seq=seq)])  # fmt: skip
+            wait_until(lambda: _rejected(agg, "one_per_version") >= 11, 10, "11 refusals")
+            status = agg.status()
+            assert status["model_version"] == 0 and status["updates_accepted"] == 1
+            # a second agent: two rows cannot outvote one hostile under clipped_mean
+            push.send_multipart(_hello("honest"))
+            wait_until(lambda: agg.status()["agents"] == 2, 10, "the second hello")
+            push.send_multipart(_update("honest", 0))
+            wait_until(lambda: agg.status()["updates_accepted"] == 2, 10, "its update")
+        status = agg.status()
+        assert status["model_version"] == 0
+        assert status["robust_wait"] == (
+            "clipped_mean needs 3 contributions from distinct agents (tolerating f hostile "
+            "needs a median of 2f+1 norms, f = 1); the round has 2"
+        )
+        assert "the round waits: clipped_mean needs 3" in agg.log_tail(200)
+    finally:
+        agg.close()
