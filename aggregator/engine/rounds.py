@@ -360,10 +360,8 @@ class RoundEngine:
             self.model.reset_agent(agent, self.registry.index(agent))
             self.registry.set_needs_reset(agent, False)
         self.registry.join(agent, hello, now, self.version)
-        if self.model.set_family(fam):
-            self.model.reset_agent(
-                agent, self.registry.index(agent)
-            )  # the only agent switched semantics
+        if self.model.set_family(fam):  # the only agent switched semantics
+            self.model.reset_agent(agent, self.registry.index(agent))
         out: list[Outbound] = []
         if hello.version is not None and hello.version != self.version:
             out.extend(self._answer(agent, hello.version, now, controls=False))
