@@ -35,11 +35,13 @@ REJECT_REASONS: Final[tuple[str, ...]] = (
     "unknown_profile",
     "too_many_agents",
     "too_large",
+    "oversize",
     "would_diverge",
     "bad_mac",
     "replayed",
     "claims_changed",
     "duplicate",
+    "one_per_version",
     "stale",
     "ef21_reset",
     "future_version",
@@ -185,7 +187,7 @@ def check_payload(payload: object) -> bytes:
     if not isinstance(payload, bytes | bytearray | memoryview):
         raise Reject("malformed", "payload is not bytes")
     if len(payload) > MAX_PAYLOAD_BYTES:
-        raise Reject("malformed", f"{len(payload)} bytes")
+        raise Reject("oversize", f"{len(payload)} bytes > {MAX_PAYLOAD_BYTES}")
     return bytes(payload)
 
 

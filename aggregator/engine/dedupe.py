@@ -62,6 +62,17 @@ class SeenKeys:
             rows = self._rows()
             self._set_log(rows[rows[:, 0] != index])
 
+    def renumber(self, new_index: Sequence[int]) -> None:
+        """The registry forgot agents: the agent of index ``i`` is now ``new_index[i]``
+        (-1: forgotten, its keys dropped)."""
+        rows = self._rows()
+        if not len(rows):
+            return
+        mapped = np.asarray(new_index, dtype=np.int64)[rows[:, 0]]
+        kept = rows[mapped >= 0].copy()
+        kept[:, 0] = mapped[mapped >= 0]
+        self._set_log(kept)
+
     def prune(self, floor: int) -> None:
         """Forget rounds below ``floor`` (which only grows, one version at a time)."""
         if floor <= self._floor:

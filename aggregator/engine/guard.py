@@ -5,10 +5,18 @@ anything (:meth:`aggregator.engine.rounds.RoundEngine.handle`). Two refusals:
 
 ``too_large``
     a mean-family update (``plain``, ``ef``, ``dir``) whose L2 norm exceeds
-    ``Limits.update_norm_factor`` times the median norm of the last :data:`NORM_WINDOW`
-    accepted ones, once ``Limits.update_norm_warmup`` were accepted. EF21 changes are not
-    compared: they shrink as the method converges, so a rejoining agent's first change is
-    legitimately far above the median. A norm that overflows float64 is always too large.
+    ``Limits.update_norm_factor`` times the reference norm, once
+    ``Limits.update_norm_warmup`` were accepted. The reference is the median over agents of
+    each agent's last accepted norm: every agent weighs once, however many updates it
+    sends. (It was the median of the last 256 accepted norms: with two agents one hostile
+    filled half that window, pulled the reference with its own norms, and after it had
+    poisoned the model the honest agent's updates were refused ``too_large`` 97 times in a
+    row and the job stalled.) With three agents or more one hostile cannot move the
+    reference outside the honest agents' norms; with two, the reference lies between the
+    two and the honest agent's update is never refused for the hostile's sake. EF21
+    changes are not compared: they shrink as the method converges, so a rejoining agent's
+    first change is legitimately far above the median. A norm that overflows float64 is
+    always too large.
 ``would_diverge``
     the open round's step, taken with this update at the current step size, would hold
     nan, inf or a magnitude of 1e300 or more (e.g. one finite top-k value of 1e308); for
@@ -17,7 +25,7 @@ anything (:meth:`aggregator.engine.rounds.RoundEngine.handle`). Two refusals:
     float64's limit) answers it for every ordinary update without touching d entries.
 
 Decisions depend only on state a checkpoint restores (the model, the round's
-accumulator, the EF21 sums, and the norm window, which the checkpoint stores), so a
+accumulator, the EF21 sums, and the agents' last norms, which the checkpoint stores), so a
 journal replay refuses exactly what was refused live: the bounds kept here are upper
 bounds, and whenever the cheap bound does not answer, the exact test does.
 """
@@ -25,10 +33,9 @@ bounds, and whenever the cheap bound does not answer, the exact test does.
 from __future__ import annotations
 
 import math
-import statistics
-from collections import deque
-from collections.abc import Sequence
-from typing import Final
+from bisect import bisect_left, insort
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -39,8 +46,6 @@ from edge_agent.numerics.compressors import Update
 
 FloatArray = npt.NDArray[np.float64]
 
-#: accepted norms the relative bound looks back on
-NORM_WINDOW: Final = 256
 #: no update may take the model or a state beyond this magnitude: float64 ends at 1.8e308,
 #: and a model this large is wrecked anyway (the next step could overflow)
 _SAFE: Final = 1e300
@@ -87,12 +92,15 @@ def _step_finite(
 class UpdateGuard:
     """The bounds above for one job (mutable; the engine owns one)."""
 
-    __slots__ = ("_median", "_norms", "ef21_bound", "limits", "round_bound", "x_bound")
+    __slots__ = ("_count", "_latest", "_median", "_sorted", "ef21_bound", "limits",
+                 "round_bound", "x_bound")  # fmt: skip
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
-        self._norms: deque[float] = deque(maxlen=NORM_WINDOW)
-        self._median: float | None = None  # of _norms, cached until the next append
+        self._latest: dict[str, float] = {}  # agent -> its last accepted norm
+        self._sorted: list[float] = []  # the values of _latest, sorted
+        self._count = 0  # mean-family updates accepted (the warm-up)
+        self._median: float | None = None  # of _sorted, cached until it changes
         self.x_bound = 0.0  # >= max |x|
         self.round_bound = 0.0  # >= max |acc| of the open mean round
         self.ef21_bound = 0.0  # >= max |sum_h| and every max |h_i| (EF21)
@@ -130,29 +138,44 @@ class UpdateGuard:
             )
         return norm, top
 
+    @property
+    def reference(self) -> float | None:
+        """The median over agents of their last accepted norms (None: none yet)."""
+        s, n = self._sorted, len(self._sorted)
+        if self._median is None and n:
+            self._median = s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+        return self._median
+
     def _check_norm(self, agent: str, norm: float) -> None:
-        if len(self._norms) < self.limits.update_norm_warmup:
+        if self._count < self.limits.update_norm_warmup:
             return
-        if self._median is None:
-            self._median = statistics.median(self._norms)
-        cap = self.limits.update_norm_factor * self._median
-        if self._median > 0 and norm > cap:
+        ref = self.reference
+        if ref is not None and ref > 0 and norm > self.limits.update_norm_factor * ref:
             raise Reject(
                 "too_large",
                 f"{agent}: norm {norm:.3g} > {self.limits.update_norm_factor:g} x the median "
-                f"{self._median:.3g} of the last {len(self._norms)} accepted updates",
+                f"{ref:.3g} of {len(self._sorted)} agents' last accepted norms",
             )
 
     # ------------------------------------------------------------------ bookkeeping
 
-    def accepted(self, norm: float, top: float, *, ef21: bool, weight: float) -> None:
-        """An update passed :meth:`check` and entered the state (``weight``: in the step)."""
+    def accepted(self, agent: str, norm: float, top: float, *, ef21: bool, weight: float) -> None:
+        """An update of ``agent`` passed :meth:`check` and entered the state (``weight``:
+        in the step)."""
         if ef21:
             self.ef21_bound += top  # h_i and sum_h each moved by at most top
             return
-        self._norms.append(norm)
-        self._median = None
+        self._set(agent, norm)
+        self._count += 1
         self.round_bound += weight * top
+
+    def _set(self, agent: str, norm: float) -> None:
+        old = self._latest.get(agent)
+        if old is not None:
+            del self._sorted[bisect_left(self._sorted, old)]
+        insort(self._sorted, norm)
+        self._latest[agent] = norm
+        self._median = None
 
     def state_dropped(self, h: FloatArray) -> None:
         """An EF21 state h_i was subtracted from sum_h."""
@@ -178,11 +201,20 @@ class UpdateGuard:
 
     # ------------------------------------------------------------------ persistence
 
-    def export(self) -> list[float]:
-        """The norm window (JSON-able; a checkpoint stores it)."""
-        return list(self._norms)
+    def export(self) -> dict[str, Any]:
+        """The agents' last norms and the warm-up count (JSON-able; a checkpoint stores it)."""
+        return {"latest": dict(self._latest), "count": self._count}
 
-    def restore(self, norms: Sequence[float] | None) -> None:
-        """Load :meth:`export`'s window (None: a checkpoint written before the guard)."""
-        self._norms = deque((float(n) for n in norms or ()), maxlen=NORM_WINDOW)
-        self._median = None
+    def restore(self, saved: Mapping[str, Any] | Sequence[float] | None) -> None:
+        """Load :meth:`export`'s state (None: a checkpoint written before the guard; a list:
+        the norm window of a checkpoint from before the per-agent reference, one entry each)."""
+        self._latest, self._sorted, self._median = {}, [], None
+        if isinstance(saved, Mapping):
+            latest = {str(a): float(n) for a, n in saved["latest"].items()}
+            count = int(saved["count"])
+        else:
+            latest = {f"#{i}": float(n) for i, n in enumerate(saved or ())}
+            count = len(latest)
+        for agent, norm in latest.items():
+            self._set(agent, norm)
+        self._count = count

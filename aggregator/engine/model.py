@@ -165,7 +165,7 @@ class JobModel:
             self._down.add(blob, header.t, 1.0)
         elif contributes:
             self._down.add(blob, header.t, weight)
-        self._guard.accepted(*norms, ef21=ef21, weight=weight)
+        self._guard.accepted(agent, *norms, ef21=ef21, weight=weight)
 
     def reset_agent(self, agent: str, index: int) -> None:
         """Drop ``agent``'s EF21 state and forget its de-duplication keys."""
@@ -176,10 +176,13 @@ class JobModel:
             self._down.drop_state(h, none_left=not self._ef21.h)
         self._seen.forget(agent, index)
 
-    def step(self, round: OpenRound, gamma: float, n_agents: int) -> tuple[StepResult, float]:
+    def step(self, round: OpenRound, gamma: float) -> tuple[StepResult, float]:
         """Step ``x`` in place with the open round's state (docs/algorithm.md); returns what
-        the step did and its coefficient (replicas step with the same one)."""
+        the step did and its coefficient (replicas step with the same one). EF21 averages
+        the states over the agents that hold one (an accepted change, h_i kept): ids that
+        only said hello hold none and do not shrink the step."""
         if self.family == "ef21":
+            n_agents = max(1, len(self._ef21.h))
             # async: only `count` of the n states are fresh; a full step per K updates
             # would re-apply stale states n/K times per refresh of all agents
             fresh = 1.0 if self.config.mode == "sync" else min(1.0, round.count / n_agents)
@@ -222,6 +225,11 @@ class JobModel:
 
     def round_dropped(self) -> None:
         self._guard.round_dropped()
+
+    def renumber(self, new_index: list[int]) -> None:
+        """The registry forgot agents (unproven ones: they hold no key); see
+        :meth:`aggregator.engine.dedupe.SeenKeys.renumber`."""
+        self._seen.renumber(new_index)
 
     def prune(self, version: int) -> None:
         """Forget the keys older than the de-duplication window."""

@@ -4,15 +4,24 @@ and restores it itself (a checkpoint's ``acc`` array and its ``round`` meta)."""
 
 from __future__ import annotations
 
-from collections.abc import KeysView
+import logging
+from collections.abc import Callable, KeysView
 from typing import Any
 
 from aggregator.engine.accounting import RoundCosts, Spend
 from aggregator.engine.admission import Reject
-from aggregator.engine.robust_round import Aggregation, accumulator, restored
+from aggregator.engine.registry import Participation
+from aggregator.engine.robust_round import (
+    Aggregation,
+    RobustAccumulator,
+    accumulator,
+    restored,
+)
 from aggregator.engine.types import EngineConfig
 from edge_agent.numerics.aggregation import FloatArray, MeanAccumulator, StepResult
 from edge_agent.numerics.compressors import Update
+
+log = logging.getLogger("aggregator.engine")
 
 
 class OpenRound:
@@ -28,6 +37,7 @@ class OpenRound:
         self._count = 0
         self._costs = RoundCosts()
         self._opened_at: float | None = None
+        self._told = False  # the robust_wait line was logged
 
     # ------------------------------------------------------------------ reading
 
@@ -67,29 +77,79 @@ class OpenRound:
         """The round's costs (a committed record keeps this very object)."""
         return self._costs
 
+    def robust_wait(self) -> str | None:
+        """Why this round may not close under its robust rule: fewer contributions than the
+        rule needs to tolerate one hostile (:mod:`aggregator.engine.robust_round`); None:
+        it may (a mean rule, an EF21 round, or enough)."""
+        acc, need = self._acc, self.aggregation.min_contributions
+        if not isinstance(acc, RobustAccumulator) or not acc.robust or len(self) >= need:
+            return None
+        return (f"{self.aggregation.kind} needs {need} contributions from distinct agents "
+                f"({self.aggregation.why()}); the round has {len(self)}")  # fmt: skip
+
+    def short_of_rule(self) -> bool:
+        """:meth:`robust_wait` as a yes/no; the first wait is logged once."""
+        wait = self.robust_wait()
+        if wait is not None and not self._told:
+            self._told = True
+            log.warning("the round waits: %s (AGG_AGGREGATION; logged once)", wait)
+        return wait is not None
+
     def summary(self) -> dict[str, Any]:
-        """Participants and age (for the status API)."""
+        """Participants and age (for the status API), and why a robust round waits."""
         return {
             "participants": sorted(self._contrib),
             "updates": self._count,
             "opened_at": self._opened_at,
+            "robust_wait": self.robust_wait(),
         }
 
     def admits(
         self, agent: str, round: int, staleness: int, ef21: bool, *, paused: bool,
-        config: EngineConfig,
+        config: EngineConfig, last_round: int | None = None,
     ) -> bool:  # fmt: skip
         """Whether an admissible update for ``round`` (``staleness`` versions old) enters
         this round's step (else: EF21 state only, or a refusal for the mean family). Raises
-        ``duplicate`` for a second mean-family update of an agent in a sync round."""
+        ``duplicate`` for a second mean-family update of an agent in a sync round.
+
+        Async: one contribution per agent per version. An agent that contributed to this
+        round already, or whose update is for a version no newer than its last accepted
+        one (``last_round``), does not contribute again: a mean-family update is refused
+        ``one_per_version``, an EF21 change enters the agent's state only. So no agent makes
+        versions alone (``async_apply_every`` > 1) and a robust round's rows come from
+        distinct agents."""
         if config.mode != "sync":
-            return not paused and staleness <= config.max_staleness
+            if paused or staleness > config.max_staleness:
+                return False
+            again = agent in self._contrib or (last_round is not None and round <= last_round)
+            if again and not ef21:
+                raise Reject("one_per_version", f"{agent}: a second update for version {round}")
+            return not again
         contributes = not paused and staleness == 0
         if agent in self._contrib and staleness == 0:
             if not ef21:
                 raise Reject("duplicate", f"{agent} already reported for round {round}")
             contributes = False  # a second EF21 change for the same round: state only
         return contributes
+
+    def close_reason(
+        self, now: float, config: EngineConfig, counted: Participation | None,
+        quorum: Callable[[int], int],
+    ) -> str | None:  # fmt: skip
+        """Why this round would close at ``now``, downlinks aside (None: it would not):
+        the robust rule's minimum first (:meth:`short_of_rule`); async, ``async_apply_every``
+        contributions; sync (``counted``: who the round counts), ``all_reported`` or, past
+        the deadline, ``quorum(counted.quorum_base)`` contributions (``deadline``)."""
+        if self.short_of_rule():
+            return None
+        if counted is None:
+            return "async" if self._count >= config.async_apply_every else None
+        if counted.awaited <= self._contrib.keys():
+            return "all_reported"
+        opened = now if self._opened_at is None else self._opened_at
+        if now >= opened + config.round_deadline_s and len(self) >= quorum(counted.quorum_base):
+            return "deadline"
+        return None
 
     # ------------------------------------------------------------------ changes
 

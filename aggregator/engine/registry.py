@@ -39,13 +39,22 @@ stop being accepted (silent, refused, or late beyond ``K`` versions) stops count
 ``K`` versions and counts again from its next accepted update. Dead agents (liveness
 timeout) never count. The number of registered agents is capped (``max_agents``,
 :func:`aggregator.engine.admission.check_capacity`).
+
+**Unproven ids expire.** A hello costs nothing to invent, so the cap alone let
+``max_agents`` invented ids lock every real newcomer out for good. An agent that never had
+an update accepted is *unproven*; ``unproven_ttl_s`` (``AGG_UNPROVEN_TTL_S``) after its
+first hello its record is forgotten and its slot is free (:meth:`AgentRegistry.forget_unproven`,
+called from the engine's tick, whose ``now`` the journal keeps: a crash replay forgets
+exactly the same ids at the same point). Re-sending hellos does not extend the term; an
+honest agent forgotten before its first update is told ``unknown_agent`` at its update and
+says hello again. Agents with an accepted update are never forgotten.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -111,10 +120,19 @@ class AgentRegistry:
     """The records of a job's agents. ``records`` is a read-only view: callers change a
     record only through the methods here."""
 
-    def __init__(self, *, liveness_timeout_s: float, max_agents: int, window: int) -> None:
+    def __init__(
+        self,
+        *,
+        liveness_timeout_s: float,
+        max_agents: int,
+        window: int,
+        unproven_ttl_s: float | None = None,
+    ) -> None:
         self.liveness_timeout_s = liveness_timeout_s
         self.max_agents = max_agents
         self.window = window
+        #: an agent without an accepted update is forgotten this long after its first hello
+        self.unproven_ttl_s = unproven_ttl_s
         self._agents: dict[str, AgentInfo] = {}
         self._index: dict[str, int] = {}  # position in the registration order
 
@@ -261,6 +279,24 @@ class AgentRegistry:
                 lost.append(info.agent)
                 log.info("agent %s lost (silent for %.0f s)", info.agent, now - info.last_seen)
         return lost
+
+    def forget_unproven(self, now: float, renumber: Callable[[list[int]], None]) -> bool:
+        """Forget the agents that had no update accepted within ``unproven_ttl_s`` of their
+        first hello (see the module doc); return whether any was. ``renumber`` is then told
+        each old registration index's new one (-1: forgotten), for the de-duplication keys."""
+        ttl = self.unproven_ttl_s
+        gone = [] if ttl is None else [a.agent for a in self._agents.values()
+                                       if a.accepted == 0 and now - a.first_seen > ttl]  # fmt: skip
+        if not gone:
+            return False
+        for agent in gone:
+            del self._agents[agent]
+        log.info("forgot %d agent(s) without an accepted update %.0f s after their hello "
+                 "(AGG_UNPROVEN_TTL_S): %s", len(gone), ttl, ", ".join(gone[:5]))  # fmt: skip
+        old = self._index
+        self._index = {a: i for i, a in enumerate(self._agents)}
+        renumber([self._index.get(a, -1) for a in old])
+        return True
 
     def accepted(self, agent: str, round: int, t: int, spend: Spend, now: float) -> None:
         """An update of ``agent`` for ``round`` (``t`` values) was accepted at ``now``."""

@@ -15,6 +15,18 @@ works unchanged (it broadcasts the model change).
 A restart in the middle of a round: the checkpoint holds the round's sum, not its rows,
 so that one round (the updates that arrived before the restart and after it) is stepped
 with the plain mean; the next round is robust again.
+
+Small rounds: a rule tolerates f hostile rows only when the round has enough of them
+(:attr:`Aggregation.min_contributions`, for f = 1). ``clipped_mean`` clips to c times the
+*median* norm, an honest norm only when at most f of 2f + 1 rows are hostile: with two
+rows the median is their mean, c = 2 times it exceeds the larger norm and nothing is
+clipped (one hostile of two drove the loss to 2.8e22). It needs 3. ``trimmed_mean`` drops
+``trim_count(K, trim)`` values per side and coordinate, at least f = 1 from
+``K = max(3, ceil(1 / trim))`` rows (10 at the default 0.1; below that it is the plain
+mean). A mean-family round of a robust job does not close with fewer contributions (one
+per agent: sync rounds and async rounds take one per agent and version); the open round
+says so in the log once and in /status (``robust_wait``). ``mean`` needs 1 (it tolerates
+no hostile row, robust or not).
 """
 
 from __future__ import annotations
@@ -50,6 +62,24 @@ class Aggregation:
             raise ValueError(f"aggregation clip must be > 0, got {self.clip}")
         if not 0.0 <= self.trim < 0.5:
             raise ValueError(f"aggregation trim must be in [0, 0.5), got {self.trim}")
+
+    @property
+    def min_contributions(self) -> int:
+        """Rows a round needs before the rule tolerates one hostile row (module doc)."""
+        if self.kind == "clipped_mean":
+            return 3  # 2f + 1 for f = 1: the median norm is an honest one
+        if self.kind == "trimmed_mean" and self.trim > 0:
+            k = 3
+            while robust.trim_count(k, self.trim) < 1:
+                k += 1
+            return k
+        return 1
+
+    def why(self) -> str:
+        """The arithmetic behind :attr:`min_contributions`, for the log and /status."""
+        if self.kind == "clipped_mean":
+            return "tolerating f hostile needs a median of 2f+1 norms, f = 1"
+        return f"trimming needs floor({self.trim:g} K) >= 1 value per side"
 
 
 class RobustAccumulator(MeanAccumulator):
@@ -89,6 +119,12 @@ class RobustAccumulator(MeanAccumulator):
         changed = np.flatnonzero(new != x)
         x[...] = new
         return StepResult(changed, True)
+
+    @property
+    def robust(self) -> bool:
+        """Whether the round's step is robust: it holds rows, or the rows before a restore
+        (whose step is the plain mean once) are unknown."""
+        return bool(self._rows) or self._partial
 
     def reset(self) -> None:
         super().reset()

@@ -107,6 +107,7 @@ class RoundEngine:
             liveness_timeout_s=config.liveness_timeout_s,
             max_agents=config.max_agents,
             window=config.participation_window,
+            unproven_ttl_s=config.unproven_ttl_s,
         )
         self.cadence = Cadence(self._pricer, config)  # duty cycles: who a round excuses
         #: the open round (read it only: its methods are for the engine)
@@ -247,6 +248,7 @@ class RoundEngine:
         reproduces the state exactly (ticks that change nothing need not be stored).
         """
         changed = bool(self.registry.expire(now))
+        changed = self.registry.forget_unproven(now, self.model.renumber) or changed
         if self.state == "waiting":
             changed = self._maybe_start(now) or changed
         closed = self._maybe_close(now)
@@ -340,14 +342,16 @@ class RoundEngine:
         self.model.hellos_changed()
         high = self.model.seen_keys.highest(agent)  # a fresh hello forgets the keys
         if known is not None and hello.fresh:
-            self._reset_agent_state(agent)
+            self.model.reset_agent(agent, self.registry.index(agent))
             self.registry.set_needs_reset(agent, False)
         self.registry.join(agent, hello, now, self.version)
         if signed:  # replays of its earlier updates stay refused (docs/wire-format.md 11.1)
             self.registry.signed_hello(agent, hello, -1 if high is None else high + 1)
         self.cadence.heard(agent, hello.profile, len(blob), now)
         if self.model.set_family(semantics_family(hello.semantics)):
-            self._reset_agent_state(agent)  # the only agent switched semantics
+            self.model.reset_agent(
+                agent, self.registry.index(agent)
+            )  # the only agent switched semantics
         out: list[Outbound] = []
         if hello.version is not None and hello.version != self.version:
             out.extend(self._answer(agent, hello.version, now, controls=False))
@@ -371,6 +375,8 @@ class RoundEngine:
     def _on_request(self, agent: str, blob: bytes, now: float) -> Effects:
         text, signed = self.config.mac.open_json("request", self.config.job, agent, blob)
         req = admission.check_request(text)
+        if self.registry.get(agent) is None:  # never answered: a snapshot per invented id
+            raise Reject("unknown_agent", f"{agent} sent a request before its hello")
         self.registry.check_signed(agent, req.ctr, signed=signed, kind="request")
         self.registry.seen(agent, now)
         self.registry.signed(agent, req.ctr if signed else None)
@@ -421,9 +427,9 @@ class RoundEngine:
             return self._ef21_reset(agent, info, staleness)
         if staleness > cfg.dedupe_window:
             raise Reject("stale", f"{agent}: {staleness} versions old (beyond the dedupe window)")
-        contributes = self.round_state.admits(
-            agent, header.round, staleness, ef21, paused=self.state == "paused", config=cfg
-        )
+        contributes = self.round_state.admits(agent, header.round, staleness, ef21, config=cfg,
+                                              paused=self.state == "paused",
+                                              last_round=info.last_round)  # fmt: skip
         if not ef21 and not contributes:
             if self.state == "paused":
                 raise Reject("paused", f"{agent}: round {header.round}")
@@ -438,7 +444,7 @@ class RoundEngine:
     def _duplicate(self, agent: str, header: wire.UpdateHeader, now: float) -> Effects:
         """An update whose (round, seq) key was applied already."""
         detail = f"{agent} round {header.round} seq {header.seq}"
-        if header.round == self.version and self.traffic.hold(now) is not None:
+        if header.round == self.version and self.traffic.hold(now, self.registry) is not None:
             # a re-send while the round waits for downlinks: it is alive, nothing refused
             return _JOURNAL_ONLY if self.registry.refresh(agent, now) else _NOTHING
         if header.round < self.version:
@@ -496,13 +502,10 @@ class RoundEngine:
             outbound=out or (self._reset_message(agent),), journal=True, reason=eff.reason
         )
 
-    def _reset_agent_state(self, agent: str) -> None:
-        self.model.reset_agent(agent, self.registry.index(agent))
-
     def _rejoin(self, agent: str) -> Outbound:
         """Drop ``agent``'s EF21 state and keys; its updates wait for a fresh hello, which
         the returned message asks it for."""
-        self._reset_agent_state(agent)
+        self.model.reset_agent(agent, self.registry.index(agent))
         self.registry.set_needs_reset(agent, True)
         return self._reset_message(agent)
 
@@ -535,7 +538,7 @@ class RoundEngine:
             if ef21:  # drops h_i and asks the agent to rejoin
                 out.append(self._rejoin(agent))
             else:  # its keys are forgotten: it may send the update again
-                self._reset_agent_state(agent)
+                self.model.reset_agent(agent, self.registry.index(agent))
         self.model.round_dropped()
         self.round_state.reset(now)
         return Effects(outbound=tuple(out), changed=True)
@@ -555,35 +558,25 @@ class RoundEngine:
         reason = self._closable(now)
         if reason is None:
             return _NOTHING if self.config.mode == "async" else Effects()
-        may, changed = self.traffic.may_close(now, self.config.max_hold_s)
+        may, changed = self.traffic.may_close(now, self.config.max_hold_s, self.registry)
         if not may:
             return _JOURNAL_ONLY if changed else _NOTHING
         return self._close(now, reason)
 
     def _closable(self, now: float) -> str | None:
         """Why the open round would close at ``now`` downlinks aside (None: it would not)."""
-        cfg = self.config
-        if cfg.mode == "async":
-            return "async" if self.round_state.count >= cfg.async_apply_every else None
-        counted = self.counted(now)
-        if counted.awaited <= self.round_state.participants:
-            return "all_reported"
-        opened = self.round_state.opened_at
-        opened = now if opened is None else opened
-        quorum = self.quorum(counted.quorum_base)
-        if now >= opened + cfg.round_deadline_s and len(self.round_state) >= quorum:
-            return "deadline"
-        return None
+        counted = self.counted(now) if self.config.mode == "sync" else None
+        return self.round_state.close_reason(now, self.config, counted, self.quorum)
 
     def hold(self, now: float) -> Hold | None:
         """Whether a round that could close waits for downlinks at ``now``: the reason,
         the agents whose downlink holds it and until when (None: not held)."""
-        return self.traffic.hold(now) if self.state == "running" else None
+        return self.traffic.hold(now, self.registry) if self.state == "running" else None
 
     def _close(self, now: float, reason: str) -> Effects:
         cfg = self.config
         gamma = self.gamma()
-        step, coef = self.model.step(self.round_state, gamma, len(self.registry))
+        step, coef = self.model.step(self.round_state, gamma)
         if not step.finite:
             return self._drop_round(now)
         base = self.version

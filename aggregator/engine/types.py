@@ -97,6 +97,9 @@ class EngineConfig:
     cadence_max_lag: int = 16
     #: registered agents at most; a hello from one more is refused ``too_many_agents``
     max_agents: int = 1000
+    #: an agent with no accepted update is forgotten (its slot freed) this many seconds
+    #: after its first hello (aggregator.engine.registry); None: never
+    unproven_ttl_s: float | None = None
     #: the update family the job runs: ``ef21``, or ``none``/``ef``/``dir`` (family *mean*,
     #: they may share a job); a hello of the other family is refused ``wrong_semantics``.
     #: ``any``: the first accepted hello fixes it (the library default; the service's
@@ -134,6 +137,7 @@ class EngineConfig:
             (self.participation_window >= 1, "participation_window must be >= 1"),
             (self.max_agents >= 1, "max_agents must be >= 1"),
             (self.cadence_max_lag >= 1, "cadence_max_lag must be >= 1"),
+            (self.unproven_ttl_s is None or self.unproven_ttl_s > 0, "unproven_ttl_s must be > 0"),
             (self.schedule_l2 is None or self.schedule_l2 > 0, "schedule_l2 must be > 0"),
             (self.schedule_t0 >= 0, "schedule_t0 must be >= 0"),
             (self.batch_size is None or self.batch_size > 0, "batch_size must be > 0"),

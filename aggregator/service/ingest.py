@@ -502,11 +502,19 @@ class AggregatorService:
             }
 
         out = self.read(grab)
-        # ZeroMQ client authentication refuses before the engine sees a message: its counts
-        # (unauthenticated handshakes, agent_mismatch messages) join the engine's reasons.
+        for reason, n in self.transport_refused().items():
+            out["rejected"][reason] = out["rejected"].get(reason, 0) + n
+        out["healthy"] = self.healthy
+        return out
+
+    def transport_refused(self) -> dict[str, int]:
+        """What the transports dropped before the engine saw it, by reason, summed over
+        transports: ZeroMQ client authentication (unauthenticated handshakes,
+        agent_mismatch), malformed frames, peer_disconnected (a frame above
+        max_message_bytes shows as one), MQTT topics that are not UTF-8."""
+        out: dict[str, int] = {}
         for t in self._transports:
             refused: dict[str, int] = getattr(t, "refused", {})
             for reason, n in refused.items():
-                out["rejected"][reason] = out["rejected"].get(reason, 0) + n
-        out["healthy"] = self.healthy
+                out[reason] = out.get(reason, 0) + n
         return out

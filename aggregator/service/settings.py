@@ -189,6 +189,13 @@ class Settings(BaseSettings):
         description="Registered agents at most; a hello from one more is refused "
         "(too_many_agents): bounds memory, the checkpoint and /agents.",
     )
+    unproven_ttl_s: float = Field(
+        600.0,
+        gt=0,
+        description="An agent that had no update accepted this many seconds after its first "
+        "hello is forgotten and its slot freed (invented ids cannot hold AGG_MAX_AGENTS); it "
+        "is told unknown_agent at its next update and says hello again.",
+    )
     participation_window: int = Field(
         10,
         ge=1,
@@ -378,6 +385,7 @@ class Settings(BaseSettings):
             cadence=self.cadence,
             cadence_max_lag=self.cadence_max_lag,
             max_agents=self.max_agents,
+            unproven_ttl_s=self.unproven_ttl_s,
             feedback=self.feedback,
             batch_size=self.batch_size,
             schedule_l2=self.schedule_l2,

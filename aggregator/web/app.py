@@ -90,6 +90,7 @@ def get_status(
     transports = service.transports()
     version = service.read(lambda e: e.version)
     recent = service.history(max(0, version - WINDOW - 1), WINDOW + 1)
+    refused = service.transport_refused()
 
     def build(e: RoundEngine) -> StatusOut:
         dense = service.dense_down  # read under the engine lock, like the engine
@@ -100,6 +101,7 @@ def get_status(
             dense_down=None if dense is None else dense.total,
             now=service.now(),
             eta=eta_of(recent, target, e.config.target_loss),
+            transport_refused=refused,
         )
 
     return service.read(build)

@@ -196,6 +196,17 @@ class StatusOut(_Out):
     )
     updates_accepted: int
     updates_rejected: dict[str, int] = Field(description="Rejections by reason (non-zero only).")
+    transport_refused: dict[str, int] = Field(
+        default_factory=dict,
+        description="What the transports dropped before the engine saw it, by reason (also "
+        "in cat_updates_rejected_total): ZeroMQ unauthenticated, agent_mismatch, "
+        "peer_disconnected (a frame above the ZeroMQ cap shows as one), malformed frames.",
+    )
+    robust_wait: str | None = Field(
+        None,
+        description="Why the open round may not close yet under a robust AGG_AGGREGATION "
+        "(too few contributions for the rule; null: it may).",
+    )
     totals: CostTotals
     dense_equivalent: CostTotals = Field(
         description="What dense float32 updates with the same headers would have cost."
@@ -243,6 +254,7 @@ class StatusOut(_Out):
         dense_down: Cost | None = None,
         now: float | None = None,
         eta: Eta | None = None,
+        transport_refused: dict[str, int] | None = None,
     ) -> StatusOut:
         up, down = e.totals.actual, e.totals_down
         sent = sum((a.sent for a in e.agents.values()), ZERO)
@@ -266,6 +278,8 @@ class StatusOut(_Out):
             refused_agents=[RefusedOut(**r) for r in e.refusals.refused_agents.listing()],
             updates_accepted=e.accepted,
             updates_rejected={k: v for k, v in e.rejected.items() if v},
+            transport_refused={k: v for k, v in (transport_refused or {}).items() if v},
+            robust_wait=e.open_round.get("robust_wait"),
             totals=CostTotals.actual(e.totals),
             dense_equivalent=CostTotals.dense(e.totals),
             downlink=LinkCost.of(down),

@@ -53,8 +53,11 @@ handshake as ``unauthenticated``. Agents then need ``curve_client_secret_file``.
 Make keys with :func:`edge_agent.transports.zmq_auth.write_keypair` (``edge-agent keys zmq``).
 
 Messages dropped before anyone reads them are counted in :attr:`ZmqTransport.refused` too
-(the aggregator shows them in ``cat_updates_rejected_total{reason}``):
-``wrong_frame_count`` (not the two frames ``[topic, payload]``) and ``topic_not_utf8``.
+(the aggregator shows them in ``cat_updates_rejected_total{reason}`` and /status):
+``wrong_frame_count`` (not the two frames ``[topic, payload]``), ``topic_not_utf8``, and
+``peer_disconnected``: every connection the aggregator's PULL socket lost, which is how a
+frame above ``max_message_bytes`` shows (libzmq disconnects that peer unread and reports
+the disconnect only; an agent that closes or loses its link counts here too).
 """
 
 from __future__ import annotations
@@ -93,7 +96,7 @@ DEFAULT_MAX_MESSAGE_BYTES = 256 * 2**20
 _FRAME_ALLOWANCE = 256
 #: the reasons counted in ZmqTransport.refused (from the start; the transport-level drops
 #: of TRANSPORT_DROPS appear once they happen)
-REFUSED_REASONS = ("unauthenticated", "agent_mismatch")
+REFUSED_REASONS = ("unauthenticated", "agent_mismatch", "peer_disconnected")
 #: malformed ZeroMQ messages dropped and counted in ZmqTransport.refused
 TRANSPORT_DROPS = ("wrong_frame_count", "topic_not_utf8")
 
@@ -408,7 +411,9 @@ class ZmqTransport(Transport):
                 for s in opened:
                     s.close(linger=0)
                 raise
-            return inbound, outbound, None
+            # libzmq drops a peer that announces a frame above MAXMSGSIZE without a word:
+            # the lost connection is all it shows, and it is counted (peer_disconnected)
+            return inbound, outbound, inbound.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         inbound, outbound = ctx.socket(zmq.SUB), ctx.socket(zmq.PUSH)
         monitor: zmq.Socket[Any] | None = None
         try:
@@ -455,7 +460,7 @@ class ZmqTransport(Transport):
         finally:
             self._connected = False
             if monitor is not None:
-                outbound.disable_monitor()
+                (inbound if self.role == "aggregator" else outbound).disable_monitor()
                 monitor.close(linger=0)
             inbound.close()
             # libzmq keeps flushing the pipes for linger ms (context term() waits for it).
@@ -589,7 +594,9 @@ class ZmqTransport(Transport):
             except zmq.Again:
                 return handshakes
             kind = event["event"]
-            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            if self.role == "aggregator":  # the PULL socket's monitor: disconnects only
+                self._peer_lost()
+            elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 if handshakes:
                     self._count("reconnects")
                     log.info("%s: reconnected to the aggregator", self.url)
@@ -614,6 +621,18 @@ class ZmqTransport(Transport):
                     "handshake with the aggregator failed",
                     "wrong curve_server_public_key, or CURVE on one side only",
                 )
+
+    def _peer_lost(self) -> None:
+        """An agent's connection to the PULL socket ended: it closed, its link or heartbeat
+        failed, or it announced a frame above ``max_message_bytes`` (libzmq drops that peer
+        before reading the frame and does not say which of these it was)."""
+        with self._stats_lock:
+            self._refused["peer_disconnected"] = self._refused.get("peer_disconnected", 0) + 1
+        self._drop_log_once(
+            "an agent's connection was dropped (it closed, its link failed, or it sent a "
+            "frame above max_message_bytes, counted as peer_disconnected)",
+            f"max_message_bytes={self._max_message_bytes}",
+        )
 
     def _drop_log_once(self, reason: str, fix: str) -> None:
         with self._stats_lock:

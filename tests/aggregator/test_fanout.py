@@ -208,7 +208,7 @@ def test_sent_prices_every_message_of_a_known_agent_on_its_uplink() -> None:
     eng = _engine()
     lora = resolve_profile(LORA)
     early = _request("a", None)
-    assert eng.handle(*early, 0.0).reason is None  # unknown agent: answered, not counted
+    assert eng.handle(*early, 0.0).reason == "unknown_agent"  # before its hello: not counted
     msgs = [
         _hello("a"),
         _request("a", None),

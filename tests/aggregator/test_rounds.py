@@ -458,7 +458,7 @@ def test_plain_update_older_than_the_dedupe_window_is_only_stale() -> None:
 
 def test_async_applies_every_k_updates_weighted_by_staleness() -> None:
     eng = make_engine(mode="async", async_apply_every=2, max_staleness=3)
-    join(eng, "a", "b", compressor="dense")
+    join(eng, "a", "b", "c", compressor="dense")
     u1, u2 = dense_update(C1), dense_update(C2)
     eng.handle(*upd("a", u1, round=0, seq=0), 1.0)
     eng.handle(*upd("b", u2, round=0, seq=0), 1.0)
@@ -466,7 +466,7 @@ def test_async_applies_every_k_updates_weighted_by_staleness() -> None:
     x1 = eng.x.copy()
     u3, u4 = dense_update(C3), dense_update(C1)
     eng.handle(*upd("a", u3, round=1, seq=1), 2.0)  # staleness 0, weight 1
-    eng.handle(*upd("b", u4, round=0, seq=1), 2.0)  # staleness 1, weight 1/2
+    eng.handle(*upd("c", u4, round=0, seq=0), 2.0)  # staleness 1, weight 1/2
     assert eng.version == 2
     np.testing.assert_allclose(eng.x, x1 - GAMMA * (C3 + 0.5 * C1) / 2, rtol=0, atol=1e-12)
 
@@ -537,8 +537,13 @@ def test_async_ef21_step_is_scaled_by_fresh_fraction() -> None:
     join(eng, "a", "b", semantics="ef21", compressor="dense")
     eng.handle(*upd("a", dense_update(C1, "ef21")), 1.0)
     assert eng.version == 1
+    # only a holds a state (b said hello only): the mean of one state, fully fresh
+    x1 = 0.0 - GAMMA * C1
+    assert np.array_equal(eng.x, x1)
+    eng.handle(*upd("b", dense_update(C2, "ef21"), round=1), 2.0)
+    assert eng.version == 2
     # one of two states refreshed: gamma * (1/2) * sum_h / 2
-    assert np.array_equal(eng.x, 0.0 - (GAMMA * 0.5 / 2) * C1)
+    assert np.array_equal(eng.x, x1 - (GAMMA * 0.5 / 2) * (C1 + C2))
 
 
 def test_versions_between_snapshots_send_only_the_delta() -> None:
@@ -587,13 +592,15 @@ def test_batched_accumulation_equals_one_add_per_update_bit_for_bit() -> None:
                           "dedupe_window": 8, "step_size": 0.37}  # fmt: skip
     batched, ref = make_engine(**kw), make_engine(**kw)
     for eng in (batched, ref):
-        join(eng, "a", "b", "c")
+        join(eng, *"abcdef")
     rng = np.random.default_rng(11)
     dtypes = ["float16", "float32", "float64"]
     most_pending = 0
+    last = dict.fromkeys("abcdef", -1)
     for k in range(60):
-        agent = "abc"[k % 3]
-        rnd = max(0, batched.version - int(rng.integers(0, 3)))
+        agent = "abcdef"[k % 6]  # one update per agent and version (async takes no more)
+        rnd = max(last[agent] + 1, batched.version - int(rng.integers(0, 3)))
+        last[agent] = rnd
         u = topk_update(rng.standard_normal(D) * 3, int(rng.integers(3, 12)))
         blob = wire.encode(u, job=JOB, agent=agent, round=rnd, seq=k,
                            value_dtype=dtypes[k % 3])  # type: ignore[arg-type]  # fmt: skip
@@ -719,8 +726,8 @@ def test_downlink_pacing_spaces_versions_by_every_live_agents_caps() -> None:
     from aggregator.engine.downlink.broadcast import downlink_interval_s
     from edge_agent.links.profiles import resolve_profile
 
-    eng = RoundEngine(
-        EngineConfig(job=JOB, d=D, step_size=GAMMA, downlink_pacing=True),
+    eng = RoundEngine(  # live throughout: a holder that is lost no longer holds (issue 20)
+        EngineConfig(job=JOB, d=D, step_size=GAMMA, downlink_pacing=True, liveness_timeout_s=1e5),
         profiles=resolve_profile,
     )
     join(eng, "a", profile="lorawan_eu868_dr5_sf7")

@@ -54,7 +54,7 @@ def _mixed_batch(rng: np.random.Generator, d: int) -> list[Message]:
     """Valid updates with mixed T, and hostile ones among them."""
     out: list[Message] = []
     for seq in range(30):
-        agent = f"a{seq % 3}"
+        agent = f"a{seq}"  # one update per agent: async takes one per agent and version
         t = int(rng.integers(1, 40)) if seq % 2 else 12  # repeated T, and singletons
         blob = wire.encode(compress(rng.standard_normal(d), "topk", t), job=JOB, agent=agent,
                            round=0, seq=seq)  # fmt: skip
@@ -77,7 +77,7 @@ def test_batch_path_matches_the_engine_fed_one_message_at_a_time(tmp_path: Path)
     svc, store, settings = batch_service(tmp_path / "batch", d=d, async_apply_every=4,
                                          min_agents=3)  # fmt: skip
     ref = RoundEngine(settings.engine_config())
-    hellos = [hello(a, d) for a in ("a0", "a1", "a2")]
+    hellos = [hello(f"a{i}", d) for i in range(30)]
     batch = _mixed_batch(np.random.default_rng(3), d)
     svc._process([*hellos])  # fresh lists: _process takes list[Message | _Command]
     svc._process([*batch])

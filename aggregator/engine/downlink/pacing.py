@@ -187,45 +187,61 @@ class DownlinkTraffic:
         """Whether a hold released ``agent`` and its downlink is still busy at ``now``."""
         return agent in self._released and self._free_at.get(agent, 0.0) > now
 
-    def wait_until(self, now: float) -> float:
+    @staticmethod
+    def _gone(key: str, agents: AgentRegistry | None) -> bool:
+        """Whether ``key`` is an agent that is not live (lost, offline, done, forgotten): a
+        version does not wait for its downlink (a group's is always waited for)."""
+        if agents is None or key.startswith(GROUP_PREFIX):
+            return False
+        info = agents.get(key)
+        return info is None or not info.live
+
+    def wait_until(self, now: float, agents: AgentRegistry | None = None) -> float:
         """No version closes before this time: :attr:`next_version_at`, but not waiting
-        for the agents a hold released while their downlinks are busy."""
-        if not self._released:
+        for the agents a hold released while their downlinks are busy, nor for the agents
+        of ``agents`` that are not live."""
+        if not self._released and agents is None:
             return self._next_version_at
-        waited = (t for a, t in self._free_at.items() if not self._skipped(a, now))
+        waited = (t for a, t in self._free_at.items()
+                  if not self._skipped(a, now) and not self._gone(a, agents))  # fmt: skip
         return max(waited, default=0.0)
 
-    def _busy(self, now: float) -> list[str]:
+    def _busy(self, now: float, agents: AgentRegistry | None) -> list[str]:
         """The agents a version waits for at ``now`` (their downlink is not free yet)."""
-        return sorted(a for a, t in self._free_at.items() if t > now and not self._skipped(a, now))
+        return sorted(a for a, t in self._free_at.items()
+                      if t > now and not self._skipped(a, now) and not self._gone(a, agents))  # fmt: skip
 
-    def hold(self, now: float) -> Hold | None:
-        """The hold at ``now`` (None: the job is not held)."""
+    def hold(self, now: float, agents: AgentRegistry | None = None) -> Hold | None:
+        """The hold at ``now`` (None: the job is not held); with ``agents``, only live
+        agents hold it (a holder that goes silent, offline or done ends the hold)."""
         if self._held_since is None:
             return None
-        busy = self._busy(now)
+        busy = self._busy(now, agents)
         if not busy:
             return None
         daily = any(self._limit.get(a) == "daily_cap" for a in busy)
         until = max(self._free_at[a] for a in busy)
         return Hold("daily_cap" if daily else "downlink_busy", tuple(busy), until, self._held_since)
 
-    def may_close(self, now: float, max_hold_s: float | None) -> tuple[bool, bool]:
+    def may_close(
+        self, now: float, max_hold_s: float | None, agents: AgentRegistry | None = None
+    ) -> tuple[bool, bool]:
         """Whether a round that could close at ``now`` may, and whether this call changed
         the state (a hold started, or ``max_hold_s`` ran out: the journal must keep the
-        input). A hold ends with the version that closes it (:meth:`closed`)."""
-        if now >= self.wait_until(now):
+        input). A hold ends with the version that closes it (:meth:`closed`); only the
+        live agents of ``agents`` hold it (their liveness is engine state, journalled)."""
+        if now >= self.wait_until(now, agents):
             return True, False
         if self._held_since is None:
             self._held_since = now
-            hold = self.hold(now)
+            hold = self.hold(now, agents)
             if hold is not None:
                 log.info("job %s held: %s of %s until %.1f", self.job, hold.reason,
                          ", ".join(hold.held_by), hold.held_until)  # fmt: skip
             if max_hold_s is None or max_hold_s > 0:
                 return False, True
         if max_hold_s is not None and now >= self._held_since + max_hold_s:
-            busy = self._busy(now)
+            busy = self._busy(now, agents)
             self._released.update(busy)
             log.info("job %s: held %.0f s (AGG_MAX_HOLD_S), closing without %s", self.job,
                      now - self._held_since, ", ".join(busy) or "the busy links")  # fmt: skip
