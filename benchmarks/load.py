@@ -3,6 +3,7 @@
     python benchmarks/load.py [--quick] [--agents N] [--baseline-agents M] [--rounds R]
                               [--procs P] [--late-fraction F]
     python benchmarks/load.py --sites [--quick] [--agents N] [--baseline-agents M] [--rounds R]
+                              [--deadline S]
 
 Each agent is a light paho client (not an :class:`edge_agent.agent.loop.Agent` with a model
 and data): it says hello (top-k, d = 2,000), subscribes to the job's model, delta and
@@ -33,9 +34,12 @@ measured in the same run; the report gives the ratios):
 fleet, ``--agents`` (default 1000, 20 rounds), is split in half: one half on the central
 broker, the other behind the bridge; the baseline, ``--baseline-agents`` (default 200), is on
 the central broker alone, in the same run. Reported besides the checks and latencies: each
-broker's RSS, and the CPU seconds (``cpu_s``, from ``/proc/<pid>/stat``) and CPU share
-(CPU seconds / ``rounds_s``, the wall seconds while the rounds run) of the aggregator (this
-process) and of each broker, and ``updates_per_s`` (updates sent / ``rounds_s``). Needs mosquitto, mosquitto_passwd, openssl.
+broker's RSS, the CPU seconds (``cpu_s``, from ``/proc/<pid>/stat``) and CPU share (CPU
+seconds / ``rounds_s``, the wall seconds while the rounds run) of the aggregator (this
+process), of each broker and of the client processes (summed), and ``updates_per_s``
+(updates sent / ``rounds_s``). The deadline (``--deadline``, 0.5 s) is short for 1,000
+agents on a small machine: rounds then close with the quorum and the rest is ``stale``;
+``--deadline 30`` waits for the whole fleet. Needs mosquitto, mosquitto_passwd, openssl.
 
 ``--status-flood N`` instead measures the disk (docs/operating.md, Bounded disk): one agent
 says hello, the job is paused (no version commits, so no checkpoint would ever trim the
@@ -274,10 +278,13 @@ def scenario(
         ready = time.monotonic()
         watched = {"aggregator": os.getpid(), **pids}
         cpu0 = {name: cpu_s(pid) for name, pid in watched.items()}
+        clients0 = sum(cpu_s(proc.pid) for proc, _ in children)
         peak = _wait_rounds(service, rounds, started)
+        clients_cpu_s = sum(cpu_s(proc.pid) for proc, _ in children) - clients0
         elapsed = time.monotonic() - started
         busy = time.monotonic() - ready
         used = {name: cpu_s(pid) - cpu0[name] for name, pid in watched.items()}
+        used["clients"] = clients_cpu_s  # the light agents' processes, summed
         sent: dict[str, int] = {}
         for _, pipe in children:
             pipe.send("stop")
