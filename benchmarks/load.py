@@ -3,6 +3,7 @@
     python benchmarks/load.py [--quick] [--agents N] [--baseline-agents M] [--rounds R]
                               [--procs P] [--late-fraction F]
     python benchmarks/load.py --sites [--quick] [--agents N] [--baseline-agents M] [--rounds R]
+                              [--deadline S]
 
 Each agent is a light paho client (not an :class:`edge_agent.agent.loop.Agent` with a model
 and data): it says hello (top-k, d = 2,000), subscribes to the job's model, delta and
@@ -33,8 +34,12 @@ measured in the same run; the report gives the ratios):
 fleet, ``--agents`` (default 1000, 20 rounds), is split in half: one half on the central
 broker, the other behind the bridge; the baseline, ``--baseline-agents`` (default 200), is on
 the central broker alone, in the same run. Reported besides the checks and latencies: each
-broker's RSS, and the CPU share (CPU seconds / wall seconds while the rounds run) of the
-aggregator (this process) and of each broker. Needs mosquitto, mosquitto_passwd, openssl.
+broker's RSS, the CPU seconds (``cpu_s``, from ``/proc/<pid>/stat``) and CPU share (CPU
+seconds / ``rounds_s``, the wall seconds while the rounds run) of the aggregator (this
+process), of each broker and of the client processes (summed), and ``updates_per_s``
+(updates sent / ``rounds_s``). The deadline (``--deadline``, 0.5 s) is short for 1,000
+agents on a small machine: rounds then close with the quorum and the rest is ``stale``;
+``--deadline 30`` waits for the whole fleet. Needs mosquitto, mosquitto_passwd, openssl.
 
 ``--status-flood N`` instead measures the disk (docs/operating.md, Bounded disk): one agent
 says hello, the job is paused (no version commits, so no checkpoint would ever trim the
@@ -97,7 +102,7 @@ class Seat:
     late_s: float | None = None
 
 
-class _Client:
+class LightClient:
     """One light agent: a paho client that answers each new version with one update."""
 
     def __init__(
@@ -174,24 +179,36 @@ class _Client:
         with self._lock:
             self._pending.append(info)
 
-    def close(self) -> None:
+    def drain(self) -> None:
+        """Wait for the late answers still pending, then for every update's PUBACK."""
         for timer in self._timers:
             timer.join(10)
-        for info in self._pending:  # every update handed to the broker (PUBACK) first
+        for info in self._pending:
             info.wait_for_publish(10)
-        self.client.loop_stop()
-        self.client.disconnect()
+
+
+def stop_fleet(clients: list[LightClient]) -> None:
+    """Stop a process's clients in phases: drain all, disconnect all, then join the network
+    threads. ``loop_stop`` alone only raises a flag the thread sees when its ``select``
+    returns, up to paho's 1 s loop timeout later: one client after the other that is up to
+    a second each (250 clients a process, 4 minutes, past the parent's 60 s wait). A
+    ``disconnect`` wakes the thread and ends its loop, so all of them end together."""
+    for c in clients:
+        c.drain()
+    for c in clients:
+        c.client.disconnect()
+    for c in clients:
+        c.client.loop_stop()
 
 
 def _fleet(seats: list[Seat], rounds: int, ctl: Any) -> None:
     """Child process: run these clients until told to stop; report what each sent."""
-    clients = [_Client(s.port, s.agent, rounds, s.late_s, s.password) for s in seats]
+    clients = [LightClient(s.port, s.agent, rounds, s.late_s, s.password) for s in seats]
     ok = all(c.subscribed.wait(30) for c in clients)
     ctl.send("ready" if ok else "no SUBACK within 30 s")
     ctl.poll(WAIT_S)
     ctl.recv()  # "stop"
-    for c in clients:
-        c.close()  # waits for the late answers still pending
+    stop_fleet(clients)
     ctl.send({c.agent: c.sent for c in clients})
 
 
@@ -261,10 +278,13 @@ def scenario(
         ready = time.monotonic()
         watched = {"aggregator": os.getpid(), **pids}
         cpu0 = {name: cpu_s(pid) for name, pid in watched.items()}
+        clients0 = sum(cpu_s(proc.pid) for proc, _ in children)
         peak = _wait_rounds(service, rounds, started)
+        clients_cpu_s = sum(cpu_s(proc.pid) for proc, _ in children) - clients0
         elapsed = time.monotonic() - started
         busy = time.monotonic() - ready
-        cpu = {name: (cpu_s(pid) - cpu0[name]) / busy for name, pid in watched.items()}
+        used = {name: cpu_s(pid) - cpu0[name] for name, pid in watched.items()}
+        used["clients"] = clients_cpu_s  # the light agents' processes, summed
         sent: dict[str, int] = {}
         for _, pipe in children:
             pipe.send("stop")
@@ -276,7 +296,9 @@ def scenario(
         time.sleep(0.5 + late_s)  # the last answers reach the service
         result = _account(service, sent, rounds)
         result.update(agents=n, late_agents=late, seconds=elapsed, aggregator_peak_kib=peak,
-                      cpu_share=cpu,
+                      rounds_s=busy, cpu_s=used,
+                      cpu_share={name: t / busy for name, t in used.items()},
+                      updates_per_s=result["updates_sent"] / busy,
                       brokers_kib={name: rss_kib(pid) for name, pid in pids.items()})  # fmt: skip
         return result
     finally:
