@@ -98,6 +98,10 @@ class JobModel:
         """The retained state snapshot of ``x`` at ``version``."""
         return self._down.snapshot(self.x, version, self._ef21.sum_h, self.family)
 
+    def settle(self, version: int) -> Outbound | None:
+        """What makes every copy ``x`` when the job ends between versions (None: they are)."""
+        return self._down.settle(self.x, version, self._ef21.sum_h, self.family)
+
     def catch_up(self, have: int | None, version: int) -> Outbound | None:
         """The merged steps from ``have`` to ``version`` (None: not held)."""
         return self._down.catch_up(have, version)

@@ -269,7 +269,8 @@ class RoundEngine:
             self.round_state.restart_deadline(now)  # the deadline restarts after a pause
         reason = self.finish_reason if cmd == "stop" else ""
         ctl = messages.Control(cmd=cmd, version=self.version, reason=reason)
-        out = [control_message(self.config.job, ctl)]
+        settled = self.model.settle(self.version) if cmd == "stop" else None  # copies = x
+        out = [*([settled] if settled else []), control_message(self.config.job, ctl)]
         more = self._maybe_close(now) if cmd == "resume" else Effects()
         return Effects(outbound=(*out, *more.outbound), committed=more.committed, changed=True)
 

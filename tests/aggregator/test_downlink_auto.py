@@ -159,3 +159,18 @@ def test_the_last_version_leaves_every_copy_exact(mode: str, family: str) -> Non
     fleet.version_with([per_byte_steep], final=True)
     assert fleet.replica.x is not None and np.array_equal(fleet.replica.x, fleet.x)
     assert np.array_equal(fleet.b.model(fleet.x), fleet.x)
+
+
+@pytest.mark.parametrize("mode", ["auto", "cat"])
+def test_a_stop_between_versions_leaves_every_copy_exact(mode: str) -> None:
+    """An operator's stop comes between versions: settle() sends the snapshot that makes the
+    copies x (and nothing when they are x already)."""
+    fleet = Fleet("mean", seed=7, mode=mode)
+    for _ in range(2):
+        fleet.version_with([per_byte_steep])
+    assert fleet.replica.x is not None and not np.array_equal(fleet.replica.x, fleet.x)
+    out = fleet.b.settle(fleet.x, fleet.version, fleet.agg, fleet.family)
+    assert out is not None
+    _apply(fleet.replica, out)
+    assert fleet.replica.x is not None and np.array_equal(fleet.replica.x, fleet.x)
+    assert fleet.b.settle(fleet.x, fleet.version, fleet.agg, fleet.family) is None

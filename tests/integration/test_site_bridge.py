@@ -46,7 +46,7 @@ from aggregator.localnet import HOST, MissingProgram, MosquittoBroker, find_prog
 from edge_agent.protocol import topics
 from edge_agent.transports import open_transport
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.scaling]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MOSQUITTO = REPO_ROOT / "deploy" / "mosquitto"

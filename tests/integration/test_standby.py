@@ -36,7 +36,7 @@ from e2e_helpers import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.scaling]
 
 ROUNDS = 80  # AGG_MAX_ROUNDS: the job's end
 KILL_AT = 25  # SIGKILL the active aggregator once /status shows this version
@@ -52,10 +52,17 @@ def _closed_version(agg: AggregatorProcess) -> int:
     return int(r.json()["model_version"]) if r.status_code == 200 else -1
 
 
-@pytest.mark.parametrize("transport", ["mqtt", "zmq"])
+@pytest.mark.parametrize(
+    ("transport", "downlink"), [("mqtt", "auto"), ("zmq", "auto"), ("zmq", "exact")]
+)
 def test_a_standby_takes_over_from_a_killed_aggregator_and_no_version_is_lost_or_repeated(
-    transport: str, request: pytest.FixtureRequest, tmp_path: Path
+    transport: str, downlink: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
+    """The default downlink (auto), and the exact relay: with it the agents' copies are the
+    model at every version, so the run after the take-over must equal an uninterrupted one
+    bit for bit. Under auto the agents compute at their (compressed) copies and the take-over
+    resyncs them, so the trajectory may differ: every version once, every update applied
+    once, and the fleet ends holding the trained model."""
     problem = make_problem(tmp_path / "data")
     url = server_url(transport, request)
     settings = aggregator_settings(
@@ -66,6 +73,7 @@ def test_a_standby_takes_over_from_a_killed_aggregator_and_no_version_is_lost_or
         max_rounds=ROUNDS,
         checkpoint_every=5,
         feedback="none",
+        downlink=downlink,
     )
     active = AggregatorProcess(tmp_path / "active", settings)
     standby = AggregatorProcess(
@@ -116,10 +124,11 @@ def test_a_standby_takes_over_from_a_killed_aggregator_and_no_version_is_lost_or
                 AGENT_IDS, 1
             ), row
         assert status["updates_accepted"] == 3 * ROUNDS
-        ref_losses, ref_x = reference_run(problem, job=JOB, feedback="none", rounds=ROUNDS)
-        np.testing.assert_allclose([r["loss"] for r in rows], ref_losses, rtol=1e-9, atol=0)
         x = assert_models_identical(standby, fleet)
-        np.testing.assert_allclose(x, ref_x, rtol=1e-9, atol=1e-12)
+        if downlink == "exact":
+            ref_losses, ref_x = reference_run(problem, job=JOB, feedback="none", rounds=ROUNDS)
+            np.testing.assert_allclose([r["loss"] for r in rows], ref_losses, rtol=1e-9, atol=0)
+            np.testing.assert_allclose(x, ref_x, rtol=1e-9, atol=1e-12)
         for a in fleet.agents:
             assert a.proc.returncode == 0, a.diagnose()
     finally:

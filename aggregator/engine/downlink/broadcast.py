@@ -157,6 +157,18 @@ class Broadcast:
         blob = downlink.encode_state(self.model(x), job=self.job, version=version, aggregate=agg)
         return Outbound(topics.model(self.job), blob, retain=True)
 
+    def settle(
+        self, x: FloatArray, version: int, aggregate: FloatArray | None, family: str | None
+    ) -> Outbound | None:
+        """The job ends between versions (an operator's stop): a state snapshot of ``x`` if
+        the copies are not ``x`` (compressed downlinks), so the fleet keeps the trained
+        model; None when they already are."""
+        if self.mode not in ("cat", "auto") or self.w is None or np.array_equal(self.w, x):
+            return None
+        self.w, self.synced = x.copy(), True
+        self._history.clear()  # the steps before the snapshot do not chain to it
+        return self.snapshot(x, version, aggregate, family)
+
     # ------------------------------------------------------------- one version
 
     def close(
