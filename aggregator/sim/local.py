@@ -39,9 +39,9 @@ from edge_agent.links.cost import MessageCost
 from edge_agent.links.profiles import CostProfile
 from edge_agent.numerics.compressors import Update, compress
 from edge_agent.numerics.local import (
+    DEFAULT_ANCHOR,
     DEFAULT_CHI,
     DEFAULT_RHO,
-    DEFAULT_STEP_FACTOR,
     LOCAL_METHODS,
     Compress,
     LocalConfig,
@@ -90,11 +90,16 @@ def add_local_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--local-step-factor",
         type=float,
-        default=DEFAULT_STEP_FACTOR,
-        help="local step gamma = factor / L",
+        help="local step gamma = factor / L (default: min(1, 2/H), tuned on the preset class)",
     )
     g.add_argument("--local-chi", type=float, default=DEFAULT_CHI, help="LoCoDL's chi")
     g.add_argument("--local-rho", type=float, default=DEFAULT_RHO, help="LoCoDL's rho")
+    g.add_argument(
+        "--local-anchor",
+        type=float,
+        default=DEFAULT_ANCHOR,
+        help="the anchor's weight in the consensus relative to all the agents' (LoCoDL: 1)",
+    )
     g.add_argument(
         "--local-method",
         default="locodl",
@@ -125,6 +130,7 @@ def local_config(args: argparse.Namespace) -> LocalConfig | None:
         chi=args.local_chi,
         rho=args.local_rho,
         method=method,
+        anchor=args.local_anchor,
     )
 
 
@@ -180,7 +186,7 @@ class LocalResult:
     def label(self) -> str:
         c = self.cfg
         sched = f"p={c.comm_prob:g}" if c.comm_prob is not None else f"H={c.local_steps}"
-        return f"{self.method.spec} {c.method} {sched} chi={c.chi:g} rho={c.rho:g}"
+        return f"{self.method.spec} {sched} gL={c.factor:.3g} chi={c.chi:g} rho={c.rho:g} a={c.anchor:g}"
 
 
 # --------------------------------------------------------------------------- pricing
@@ -289,7 +295,7 @@ def run_local(
     model, d, n = problem.model, problem.model.d, fleet.agents
     rows = np.array([s.n_rows for s in fleet.shards], dtype=np.float64)
     big_l = float(np.dot(rows, fleet.smoothness) / rows.sum())
-    gamma = cfg.step_factor / big_l
+    gamma = cfg.factor / big_l
     state = LocalTraining(cfg, model.initial_point(), n, gamma)
     schedule = Schedule(cfg, np.random.default_rng([problem.seed, n, 21]))
     ups = [_up_compressor(method, fleet.profiles[i], d, f"a{i:03d}") for i in range(n)]

@@ -11,14 +11,16 @@ a local model ``x_i`` and a control variate ``u_i``; every party keeps the same 
 and on a communication step (every H-th step, or with probability p) after it
 
     d_i   = C_i(x_i - y)                                      (uplink: agent i sends d_i)
-    dbar  = (1 / (2n)) sum_i d_i                              (the aggregator)
+    dbar  = (1 / ((1 + a) n)) sum_i d_i                       (the aggregator)
     dt    = C_0(dbar + e);  e <- dbar + e - dt               (downlink, with error memory)
     x_i  <- (1 - rho) x_i + rho (y + dt)
-    u_i  <- u_i + c (dt - d_i),   v <- v + c dt,   c = p chi / gamma
+    u_i  <- u_i + c (dt - d_i),   v <- v + (c / a) dt,   c = p chi / gamma
     y    <- y + rho dt
 
 ``y + dt`` (after the step: ``y`` itself when rho = 1) is the consensus model every party
-can compute. ``sum_i u_i + n v + 2 n c e`` is invariant (0 from zero start), so at any
+can compute. ``a`` is the anchor's weight in the consensus relative to all the agents'
+(LoCoDL: a = 1, dbar = sum_i d_i / (2n); a -> 0 is compressed Scaffnew).
+``sum_i u_i + n a v + (1 + a) n c e`` is invariant (0 from zero start), so at any
 fixed point (``x_i = y``, every ``d_i = 0``, ``e = 0``) ``(1/n) sum_i grad f_i(y) = 0``:
 the optimum of the mean objective, with no client drift whatever the shards.
 
@@ -49,9 +51,12 @@ LocalMethod = Literal["locodl", "scaffnew"]
 LOCAL_METHODS: Final[tuple[LocalMethod, ...]] = ("locodl", "scaffnew")
 
 #: the damping tuned once on the preset problem class (docs/algorithm.md, "Local training")
-DEFAULT_STEP_FACTOR: Final = 1.0
-DEFAULT_CHI: Final = 0.25
+#: gamma = min(1, STEP_BUDGET / H) / L: the H local steps of a round move about as far as
+#: STEP_BUDGET full steps 1/L (tuned: 1.75-2 on the preset class; 1/L at H = 1)
+STEP_BUDGET: Final = 2.0
+DEFAULT_CHI: Final = 1.0
 DEFAULT_RHO: Final = 1.0
+DEFAULT_ANCHOR: Final = 1.0
 
 #: compress a vector (round index, vector) -> the update that travels
 Compress = Callable[[int, FloatArray], Update]
@@ -65,21 +70,32 @@ class LocalConfig:
 
     ``local_steps`` H (``--local-steps``): communicate at every H-th local step;
     ``comm_prob`` p (``--comm-prob``): instead, after every step with probability p;
-    ``step_factor`` (``--local-step-factor``): gamma = step_factor / L;
+    ``step_factor`` (``--local-step-factor``): gamma = step_factor / L (None: the tuned
+    ``min(1, STEP_BUDGET p)``, p = 1/H);
     ``chi`` (``--local-chi``) and ``rho`` (``--local-rho``): LoCoDL's damping;
-    ``method`` (``--local-method``): locodl or scaffnew (dense only)."""
+    ``method`` (``--local-method``): locodl or scaffnew (dense only);
+    ``anchor`` a (``--local-anchor``): the anchor's weight in the consensus, relative to
+    all the agents' (LoCoDL: a = 1)."""
 
     local_steps: int = 5
     comm_prob: float | None = None
-    step_factor: float = DEFAULT_STEP_FACTOR
+    step_factor: float | None = None
     chi: float = DEFAULT_CHI
     rho: float = DEFAULT_RHO
     method: LocalMethod = "locodl"
+    anchor: float = DEFAULT_ANCHOR
 
     @property
     def p(self) -> float:
         """The communication probability (1/H for the deterministic schedule)."""
         return self.comm_prob if self.comm_prob is not None else 1.0 / self.local_steps
+
+    @property
+    def factor(self) -> float:
+        """gamma * L: the configured step factor, else the tuned ``min(1, STEP_BUDGET p)``."""
+        if self.step_factor is not None:
+            return self.step_factor
+        return min(1.0, STEP_BUDGET * self.p)
 
 
 def validate(cfg: LocalConfig, *, uplink: str, downlink: str) -> None:
@@ -90,7 +106,7 @@ def validate(cfg: LocalConfig, *, uplink: str, downlink: str) -> None:
         raise ValueError(f"--local-steps must be >= 1, got {cfg.local_steps}")
     if cfg.comm_prob is not None and not 0.0 < cfg.comm_prob <= 1.0:
         raise ValueError(f"--comm-prob must lie in (0, 1], got {cfg.comm_prob}")
-    if not 0.0 < cfg.step_factor < 2.0:
+    if cfg.step_factor is not None and not 0.0 < cfg.step_factor < 2.0:
         raise ValueError(
             f"--local-step-factor must lie in (0, 2) (gamma = factor/L; local gradient steps "
             f"diverge at 2/L), got {cfg.step_factor}"
@@ -99,6 +115,11 @@ def validate(cfg: LocalConfig, *, uplink: str, downlink: str) -> None:
         raise ValueError(f"--local-chi must lie in (0, 1], got {cfg.chi}")
     if not 0.0 < cfg.rho <= 1.0:
         raise ValueError(f"--local-rho must lie in (0, 1], got {cfg.rho}")
+    if not cfg.anchor > 0.0:
+        raise ValueError(
+            f"--local-anchor must be > 0 (0 is compressed Scaffnew, which diverges), "
+            f"got {cfg.anchor}"
+        )
     if cfg.method not in LOCAL_METHODS:
         raise ValueError(f"--local-method must be one of {', '.join(LOCAL_METHODS)}")
     if cfg.method == "scaffnew" and (uplink != "dense" or downlink != "dense"):
@@ -175,7 +196,7 @@ class LocalTraining:
         d = np.zeros((self.n, self.y.size))
         for i, upd in enumerate(sent):
             upd.add_to(d[i])
-        dbar = d.sum(axis=0) / (2 * self.n)
+        dbar = d.sum(axis=0) / ((1.0 + self.cfg.anchor) * self.n)
         cast: Update | None = None
         if down is None:
             dt = dbar
@@ -188,7 +209,7 @@ class LocalTraining:
         self.x *= 1.0 - rho
         self.x += rho * (self.y + dt)
         self.u += c * (dt - d)
-        self.v += c * dt
+        self.v += (c / self.cfg.anchor) * dt
         self.y += rho * dt
         return Exchange(sent, cast)
 
@@ -209,10 +230,11 @@ class LocalTraining:
 
 
 __all__ = [
+    "DEFAULT_ANCHOR",
     "DEFAULT_CHI",
     "DEFAULT_RHO",
-    "DEFAULT_STEP_FACTOR",
     "LOCAL_METHODS",
+    "STEP_BUDGET",
     "Compress",
     "Exchange",
     "Gradient",

@@ -15,7 +15,7 @@ def test_local_steps_run_reports_rounds_gradients_and_bytes(
             "--max-rounds", "400", "--no-progress"]  # fmt: skip
     assert main(argv) == 0
     out = capsys.readouterr().out
-    line = next(x for x in out.splitlines() if x.startswith("cat-signtopk locodl H=3"))
+    line = next(x for x in out.splitlines() if x.startswith("cat-signtopk H=3"))
     fields = line.split()
     assert "label" in fields and "not" not in fields
     rounds, grads = int(fields[fields.index("label") + 2]), int(fields[fields.index("label") + 3])

@@ -15,23 +15,25 @@ def _quadratics(n: int, d: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return rng.normal(size=(n, d)), rng.normal(size=(n, d))
 
 
-def test_locodl_reaches_the_mean_optimum_on_heterogeneous_shards() -> None:
+@pytest.mark.parametrize("anchor", [1.0, 2.0])
+def test_locodl_reaches_the_mean_optimum_on_heterogeneous_shards(anchor: float) -> None:
     b, _ = _quadratics(4, 30, 0)
-    cfg = LocalConfig(local_steps=5, step_factor=0.5, chi=0.25, rho=1.0)
+    cfg = LocalConfig(local_steps=5, step_factor=0.5, chi=0.25, rho=1.0, anchor=anchor)
     st = LocalTraining(cfg, np.zeros(30), 4, gamma=0.5)
     sched = Schedule(cfg, np.random.default_rng(0))
     up = [lambda k, v: compress(v, "signtopk", 6)] * 4
     down = lambda k, v: compress(v, "signtopk", 6)  # noqa: E731
-    for k in range(3000):
+    for k in range(6000):
         st.local_step(lambda i, x: x - b[i])
         if sched.communicate():
             st.communicate(k, up, down)
-    np.testing.assert_allclose(st.model, b.mean(axis=0), atol=1e-6)
+    np.testing.assert_allclose(st.model, b.mean(axis=0), atol=1e-5)
     # sum_i u_i + n v + 2 n c e is invariant (0 from the zero start)
     c = cfg.p * cfg.chi / st.gamma
-    total = st.u.sum(axis=0) + 4 * st.v + 2 * 4 * c * st.e
+    a = cfg.anchor
+    total = st.u.sum(axis=0) + 4 * a * st.v + (1 + a) * 4 * c * st.e
     np.testing.assert_allclose(total, 0.0, atol=1e-9)
-    assert st.gradients == 4 * 3000
+    assert st.gradients == 4 * 6000
 
 
 def test_dense_scaffnew_converges_and_keeps_its_control_variates_summing_to_zero() -> None:
@@ -65,6 +67,7 @@ def test_schedule_every_h_and_with_probability() -> None:
         (LocalConfig(step_factor=2.0), "signtopk", "--local-step-factor"),
         (LocalConfig(chi=0.0), "signtopk", "--local-chi"),
         (LocalConfig(rho=1.5), "signtopk", "--local-rho"),
+        (LocalConfig(anchor=0.0), "signtopk", "--local-anchor"),
     ],
 )
 def test_refused_configurations_name_the_flag(cfg: LocalConfig, uplink: str, flag: str) -> None:
