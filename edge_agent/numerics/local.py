@@ -55,7 +55,7 @@ LOCAL_METHODS: Final[tuple[LocalMethod, ...]] = ("locodl", "scaffnew")
 #: STEP_BUDGET full steps 1/L (tuned: 1.75-2 on the preset class; 1/L at H = 1)
 STEP_BUDGET: Final = 2.0
 DEFAULT_CHI: Final = 1.0
-DEFAULT_RHO: Final = 1.0
+DEFAULT_RHO: Final = 0.75
 DEFAULT_ANCHOR: Final = 1.0
 
 #: compress a vector (round index, vector) -> the update that travels
