@@ -17,8 +17,8 @@ and on a communication step (every H-th step, or with probability p) after it
     u_i  <- u_i + c (dt - d_i),   v <- v + (c / a) dt,   c = p chi / gamma
     y    <- y + rho dt
 
-``y + dt`` (after the step: ``y`` itself when rho = 1) is the consensus model every party
-can compute. ``a`` is the anchor's weight in the consensus relative to all the agents'
+The model is the anchor ``y``, which every party holds after a broadcast (with rho = 1
+every ``x_i`` equals it too). ``a`` is the anchor's weight in the consensus relative to all the agents'
 (LoCoDL: a = 1, dbar = sum_i d_i / (2n); a -> 0 is compressed Scaffnew).
 ``sum_i u_i + n a v + (1 + a) n c e`` is invariant (0 from zero start), so at any
 fixed point (``x_i = y``, every ``d_i = 0``, ``e = 0``) ``(1/n) sum_i grad f_i(y) = 0``:
@@ -30,7 +30,8 @@ sign-top-T the damping ``chi`` and ``rho`` are measured, not proven (docs/algori
 
 Scaffnew/ProxSkip (Mishchenko, Malinovsky, Stich and Richtarik, 2022) is available with
 dense communication only: with compressed uploads its averaging step has no correction
-for the compression error and it diverged in our runs, so :func:`validate` refuses it.
+for the compression error (it diverged in an independent harness, and our anchor weight
+``a -> 0``, which tends to it, diverged at a = 0.1), so :func:`validate` refuses it.
 
 Pure numpy, no I/O: every random draw comes from an explicit Generator.
 """
@@ -52,7 +53,7 @@ LOCAL_METHODS: Final[tuple[LocalMethod, ...]] = ("locodl", "scaffnew")
 
 #: the damping tuned once on the preset problem class (docs/algorithm.md, "Local training")
 #: gamma = min(1, STEP_BUDGET / H) / L: the H local steps of a round move about as far as
-#: STEP_BUDGET full steps 1/L (tuned: 1.75-2 on the preset class; 1/L at H = 1)
+#: STEP_BUDGET full steps 1/L (tuned: gamma H L of 1.75-2 was best on the preset class)
 STEP_BUDGET: Final = 2.0
 DEFAULT_CHI: Final = 1.0
 DEFAULT_RHO: Final = 0.75
