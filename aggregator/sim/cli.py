@@ -15,6 +15,7 @@ from aggregator.engine.downlink.broadcast import DOWNLINK_MODES, DownlinkMode
 from aggregator.engine.robust_round import parse_aggregation
 from aggregator.sim.blas import single_threaded_blas
 from aggregator.sim.experiment import DEFAULT_TARGETS, METRICS, RunResult, run_method
+from aggregator.sim.local import add_local_arguments, local_config, run_local_cases
 from aggregator.sim.methods import Method, parse_method
 from aggregator.sim.problem import Fleet, Problem, build_fleet, build_problem
 from aggregator.sim.report import (
@@ -206,6 +207,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _downlink_arguments(parser)
     _robust_arguments(parser)
     _pacing_arguments(parser)
+    add_local_arguments(parser)
     _run_arguments(parser)
 
 
@@ -304,6 +306,7 @@ def _prepare(
     if bad:
         raise ValueError(f"--plot-directions: {sorted(bad)}; use up, down and/or total")
     plan = make_plan(args)
+    local_config(args)  # refuses what local training cannot run, before f* is solved
     if any(c.max_rounds < 1 for c in plan.cases):
         raise ValueError(f"--max-rounds must be >= 1, got {args.max_rounds}")
     if args.batch_size is not None and not args.batch_size > 0:
@@ -360,6 +363,15 @@ def _run(args: argparse.Namespace) -> int:
         f"f(x0)={problem.f0:.12g}",
         flush=True,
     )
+    cfg = local_config(args)
+    if cfg is not None:  # local training: its own in-process aggregator (aggregator.sim.local)
+        try:
+            cases = [(fleet, case.methods, case.max_rounds) for fleet, case in fleets]
+            print(run_local_cases(problem, cases, cfg, targets), flush=True)
+        except ValueError as exc:
+            print(f"aggregator simulate: {exc}", file=sys.stderr)
+            return 2
+        return 0
     results: list[RunResult] = []
     for fleet, case in fleets:
         for method in case.methods:

@@ -1,0 +1,415 @@
+"""``aggregator simulate --local-steps H``: local training (LoCoDL) with CAT both ways.
+
+This path does **not** run the round engine or real agents: the engine steps once per
+gradient and has no local-training semantics yet. It runs the method of
+:mod:`edge_agent.numerics.local` with an explicit in-process aggregator (the ``dbar``, the
+downlink memory ``e`` and the anchor of that module), on the same problem and fleet as the
+engine path, and prices every message exactly as the wire would carry it:
+
+* uplink: agent i's update ``d_i`` (the method's compressor and policy, CAT by default,
+  on the vector ``x_i - y`` that travels), ``encoded_size`` of that update, on agent i's
+  profile (``message_cost``);
+* downlink: one job-wide sign-top-T message of the compressed broadcast ``dt``, T chosen
+  by CAT on the fleet's receiving cost (every agent's ``downlink_objective_cost``
+  relative to its cost of a dense float32 broadcast, as the engine's ``cat`` downlink
+  does), charged to every agent (``downlink_cost``); with ``--methods dense`` the
+  broadcast is a dense float32 vector.
+
+Time is lockstep: a round lasts the slowest uplink (airtime plus duty-cycle silence) plus
+the slowest reception (airtime plus the sender's silence); computing takes no time.
+Gradient evaluations are counted per agent (one is a full pass over its shard).
+``--preset paper`` never takes this path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+from aggregator.sim.methods import Method
+from aggregator.sim.problem import Fleet, Problem
+from edge_agent.links.cost import MessageCost
+from edge_agent.links.profiles import CostProfile
+from edge_agent.numerics.compressors import Update, compress
+from edge_agent.numerics.local import (
+    DEFAULT_ANCHOR,
+    DEFAULT_CHI,
+    DEFAULT_RHO,
+    LOCAL_METHODS,
+    Compress,
+    LocalConfig,
+    LocalMethod,
+    LocalTraining,
+    Schedule,
+    validate,
+)
+from edge_agent.numerics.selection import make_price, parse_policy, select
+from edge_agent.protocol.wire import encoded_size
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+JOB: Final = "sim"
+DIVERGED: Final = 1e6
+#: the engine-path flags this path cannot honour (flag -> the value that means "unused")
+_UNSUPPORTED: Final[tuple[tuple[str, str, object], ...]] = (
+    ("batch_size", "--batch-size", None),
+    ("cadence", "--cadence", False),
+    ("hostile", "--hostile", None),
+    ("aggregation", "--aggregation", "mean"),
+    ("multicast", "--multicast", None),
+    ("sign_downlink", "--sign-downlink", False),
+    ("step_size", "--step-size", None),
+)
+
+
+def add_local_arguments(p: argparse.ArgumentParser) -> None:
+    """The local-training flags of ``aggregator simulate``."""
+    g = p.add_argument_group("local training (LoCoDL, docs/algorithm.md 'Local training')")
+    g.add_argument(
+        "--local-steps",
+        type=int,
+        metavar="H",
+        help="local gradient steps per communication; runs the methods under LoCoDL with "
+        "an in-process aggregator (not the engine). Default: one message per gradient",
+    )
+    g.add_argument(
+        "--comm-prob",
+        type=float,
+        metavar="P",
+        help="with --local-steps: communicate after each step with probability P instead "
+        "of every H-th step (Scaffnew/ProxSkip's coin)",
+    )
+    g.add_argument(
+        "--local-step-factor",
+        type=float,
+        help="local step gamma = factor / L (default: min(1, 2/H), tuned on the preset class)",
+    )
+    g.add_argument("--local-chi", type=float, default=DEFAULT_CHI, help="LoCoDL's chi")
+    g.add_argument("--local-rho", type=float, default=DEFAULT_RHO, help="LoCoDL's rho")
+    g.add_argument(
+        "--local-anchor",
+        type=float,
+        default=DEFAULT_ANCHOR,
+        help="the anchor's weight in the consensus relative to all the agents' (LoCoDL: 1)",
+    )
+    g.add_argument(
+        "--local-method",
+        default="locodl",
+        choices=LOCAL_METHODS,
+        help="locodl (any compressor) or scaffnew (dense only)",
+    )
+
+
+def local_config(args: argparse.Namespace) -> LocalConfig | None:
+    """The run's LocalConfig, None without ``--local-steps``/``--comm-prob``; ValueError
+    naming the flag for what this path refuses."""
+    if args.local_steps is None and args.comm_prob is None:
+        return None
+    if args.preset is not None:
+        raise ValueError("--local-steps: not with --preset paper (the preset is unchanged)")
+    for attr, flag, unused in _UNSUPPORTED:
+        if getattr(args, attr, unused) != unused:
+            raise ValueError(f"--local-steps: {flag} is not supported with local training")
+    if args.downlink not in (None, "cat"):
+        raise ValueError(
+            "--local-steps: --downlink must be cat (compressed broadcast with error memory)"
+        )
+    method: LocalMethod = args.local_method
+    return LocalConfig(
+        local_steps=1 if args.local_steps is None else args.local_steps,
+        comm_prob=args.comm_prob,
+        step_factor=args.local_step_factor,
+        chi=args.local_chi,
+        rho=args.local_rho,
+        method=method,
+        anchor=args.local_anchor,
+    )
+
+
+def check_method(method: Method, cfg: LocalConfig) -> None:
+    """ValueError for a method the local path cannot run."""
+    if method.feedback != "none" or method.curvature != "global":
+        raise ValueError(
+            f"--local-steps: method {method.spec!r}: LoCoDL carries its own control variates; "
+            "drop +ef/+ef21/+dir (e.g. cat-signtopk)"
+        )
+    if method.compressor == "randk":
+        raise ValueError(f"--local-steps: method {method.spec!r}: randk is not supported here")
+    validate(cfg, uplink=method.compressor, downlink=_downlink_of(method))
+
+
+def _downlink_of(method: Method) -> str:
+    return "dense" if method.compressor == "dense" else "signtopk"
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass
+class LocalTrace:
+    """Per round k = 0..R (R communications): relative suboptimality at the anchor and the
+    cumulative cost of the k rounds that produced it (sums over agents)."""
+
+    subopt: list[float] = field(default_factory=list)
+    grad_evals: list[int] = field(default_factory=list)  # per agent
+    up_bytes: list[int] = field(default_factory=list)
+    down_bytes: list[int] = field(default_factory=list)
+    energy_j: list[float] = field(default_factory=list)  # up + down
+    time_s: list[float] = field(default_factory=list)
+    t_up: list[int] = field(default_factory=list)  # sum of T sent up, this round
+    t_down: list[int] = field(default_factory=list)
+
+
+@dataclass
+class LocalResult:
+    """One method under local training on one fleet."""
+
+    method: Method
+    fleet: Fleet
+    cfg: LocalConfig
+    split: str
+    trace: LocalTrace
+    reached: dict[float, int]
+    stop_reason: str
+    gamma: float
+    wall_s: float
+
+    @property
+    def label(self) -> str:
+        c = self.cfg
+        sched = f"p={c.comm_prob:g}" if c.comm_prob is not None else f"H={c.local_steps}"
+        return f"{self.method.spec} {sched} gL={c.factor:.3g} chi={c.chi:g} rho={c.rho:g} a={c.anchor:g}"
+
+
+# --------------------------------------------------------------------------- pricing
+
+
+def _up_compressor(
+    method: Method, profile: CostProfile, d: int, agent: str
+) -> Callable[[int, FloatArray], tuple[Update, int]]:
+    policy = parse_policy(method.policy)
+
+    def run(k: int, vec: FloatArray) -> tuple[Update, int]:
+        if method.compressor == "dense":
+            upd = compress(vec, "dense", d)
+        else:
+            price = make_price(profile, method.compressor, d=d, job=JOB, agent=agent,
+                               round=k, seq=k)  # fmt: skip
+            chosen = policy.choose(vec, method.compressor, price, k)
+            order = chosen.indices if chosen.indices is not None else None
+            if order is not None and order.size != chosen.t:
+                order = None
+            upd = compress(vec, method.compressor, chosen.t, order=order)
+        size = int(encoded_size(upd.compressor, d=d, t=upd.t, job=JOB, agent=agent,
+                                round=k, seq=k))  # fmt: skip
+        return upd, size
+
+    return run
+
+
+def _down_size(d: int, t: int | IntArray, k: int) -> int | IntArray:
+    return encoded_size("signtopk", d=d, t=t, job=JOB, agent="r", round=k, seq=0)
+
+
+def _down_compressor(fleet: Fleet, d: int) -> Callable[[int, FloatArray], Update]:
+    """Sign-top-T of the broadcast, T by CAT on the fleet's relative receiving cost."""
+    dense = np.array(
+        [int(encoded_size("dense", d=d, t=d, job=JOB, agent="r", round=0, seq=0))],
+        dtype=np.int64,
+    )
+    refs = [(p, float(p.downlink_objective_cost(dense)[0])) for p in fleet.profiles]
+    refs = [(p, r) for p, r in refs if r > 0]
+
+    def run(k: int, vec: FloatArray) -> Update:
+        def price(t: IntArray) -> FloatArray:
+            sizes = np.asarray(_down_size(d, t, k), dtype=np.int64)
+            total = np.zeros(sizes.shape)
+            for p, ref in refs:
+                total += p.downlink_objective_cost(sizes) / ref
+            return total if total.any() else sizes.astype(np.float64)
+
+        if not vec.any():
+            return compress(vec, "signtopk", 0)
+        chosen = select(vec, "signtopk", price)
+        return compress(vec, "signtopk", chosen.t, order=chosen.indices)
+
+    return run
+
+
+def _slowest(costs: Sequence[MessageCost]) -> float:
+    return max(c.airtime_s + c.silence_s for c in costs)
+
+
+# --------------------------------------------------------------------------- the run
+
+
+class _Ledger:
+    """Running totals of one run, appended to the trace once per round."""
+
+    def __init__(self) -> None:
+        self.up_bytes = self.down_bytes = 0
+        self.energy_j = self.time_s = 0.0
+        self.t_up = self.t_down = 0
+
+    def add(self, fleet: Fleet, ups: Sequence[tuple[Update, int]], down_size: int) -> None:
+        up_costs = [p.message_cost(s) for p, (_, s) in zip(fleet.profiles, ups, strict=True)]
+        down_costs = [p.downlink_cost(down_size) for p in fleet.profiles]
+        self.up_bytes += sum(s for _, s in ups)
+        self.down_bytes += down_size * fleet.agents
+        self.energy_j += sum(c.energy_j for c in up_costs) + sum(c.energy_j for c in down_costs)
+        self.time_s += _slowest(up_costs) + _slowest(down_costs)
+        self.t_up = sum(u.t for u, _ in ups)
+
+    def record(self, tr: LocalTrace, grad_evals: int) -> None:
+        tr.grad_evals.append(grad_evals)
+        tr.up_bytes.append(self.up_bytes)
+        tr.down_bytes.append(self.down_bytes)
+        tr.energy_j.append(self.energy_j)
+        tr.time_s.append(self.time_s)
+        tr.t_up.append(self.t_up)
+        tr.t_down.append(self.t_down)
+
+
+def run_local(
+    problem: Problem,
+    fleet: Fleet,
+    method: Method,
+    cfg: LocalConfig,
+    *,
+    targets: Sequence[float],
+    max_rounds: int,
+    progress: Callable[[int, float], None] | None = None,
+) -> LocalResult:
+    """Train ``method`` under local training until the smallest target, divergence or
+    ``max_rounds`` communications."""
+    check_method(method, cfg)
+    started = time.perf_counter()
+    model, d, n = problem.model, problem.model.d, fleet.agents
+    rows = np.array([s.n_rows for s in fleet.shards], dtype=np.float64)
+    big_l = float(np.dot(rows, fleet.smoothness) / rows.sum())
+    gamma = cfg.factor / big_l
+    state = LocalTraining(cfg, model.initial_point(), n, gamma)
+    schedule = Schedule(cfg, np.random.default_rng([problem.seed, n, 21]))
+    ups = [_up_compressor(method, fleet.profiles[i], d, f"a{i:03d}") for i in range(n)]
+    down = None if method.compressor == "dense" else _down_compressor(fleet, d)
+    sent: list[tuple[Update, int]] = []
+
+    def up_fn(i: int) -> Compress:
+        def run(k: int, vec: FloatArray) -> Update:
+            upd, size = ups[i](k, vec)
+            sent.append((upd, size))
+            return upd
+
+        return run
+
+    up_calls = [up_fn(i) for i in range(n)]
+    trace, ledger = LocalTrace(), _Ledger()
+    pending = sorted(set(targets), reverse=True)
+    reached: dict[float, int] = {}
+    gap0 = problem.f0 - problem.f_star
+
+    def grad(i: int, x: FloatArray) -> FloatArray:
+        return model.grad(x, fleet.shards[i])
+
+    k = 0
+    while True:
+        sub = (model.loss(state.model, problem.data) - problem.f_star) / gap0
+        trace.subopt.append(sub)
+        ledger.record(trace, state.gradients // n)
+        while pending and sub <= pending[0]:
+            reached[pending.pop(0)] = k
+        if progress is not None:
+            progress(k, sub)
+        reason = _stop(pending, sub, k, max_rounds)
+        if reason is not None:
+            break
+        while True:
+            state.local_step(grad)
+            if schedule.communicate():
+                break
+        sent.clear()
+        exchange = state.communicate(k, up_calls, down)
+        if exchange.down is None:
+            down_size = int(encoded_size("dense", d=d, t=d, job=JOB, agent="r", round=k, seq=0))
+            ledger.t_down = d
+        else:
+            down_size = int(_down_size(d, exchange.down.t, k))
+            ledger.t_down = exchange.down.t
+        ledger.add(fleet, sent, down_size)
+        k += 1
+    return LocalResult(method, fleet, cfg, problem.split, trace, reached, reason, gamma,
+                       time.perf_counter() - started)  # fmt: skip
+
+
+def _stop(pending: Sequence[float], sub: float, k: int, max_rounds: int) -> str | None:
+    if not pending:
+        return "reached every target"
+    if not math.isfinite(sub) or sub > DIVERGED:
+        return f"diverged (relative suboptimality {sub:.3g})"
+    if k >= max_rounds:
+        return f"max_rounds={max_rounds}"
+    return None
+
+
+def run_local_cases(
+    problem: Problem,
+    cases: Sequence[tuple[Fleet, Sequence[Method], int]],
+    cfg: LocalConfig,
+    targets: Sequence[float],
+) -> str:
+    """Every (fleet, methods, max_rounds) case under local training; the table
+    (ValueError: a refused method, before anything runs)."""
+    for _, methods, _ in cases:
+        for method in methods:
+            check_method(method, cfg)
+    results = [
+        run_local(problem, fleet, method, cfg, targets=targets, max_rounds=max_rounds)
+        for fleet, methods, max_rounds in cases
+        for method in methods
+    ]
+    return local_table(results, targets)
+
+
+def local_table(results: Sequence[LocalResult], targets: Sequence[float]) -> str:
+    """One line per (run, target): rounds, gradient evaluations per agent, bytes both ways
+    (sums over agents, and per agent), energy and time to reach it."""
+    head = (
+        f"{'method':<46} {'split':<5} {'target':>6} {'rounds':>6} {'grads/agent':>11} "
+        f"{'up kB':>9} {'down kB':>9} {'total kB':>9} {'kB/agent':>9} {'energy J':>9} "
+        f"{'time s':>9}"
+    )
+    lines = ["# local training (in-process aggregator, docs/algorithm.md)", head]
+    for r in results:
+        for eps in sorted(targets, reverse=True):
+            k = r.reached.get(eps)
+            if k is None:
+                lines.append(f"{r.label:<46} {r.split:<5} {eps:>6g} not reached ({r.stop_reason})")
+                continue
+            tr = r.trace
+            up, dn = tr.up_bytes[k] / 1e3, tr.down_bytes[k] / 1e3
+            lines.append(
+                f"{r.label:<46} {r.split:<5} {eps:>6g} {k:>6} {tr.grad_evals[k]:>11} "
+                f"{up:>9.1f} {dn:>9.1f} {up + dn:>9.1f} {(up + dn) / r.fleet.agents:>9.2f} "
+                f"{tr.energy_j[k]:>9.3g} {tr.time_s[k]:>9.3g}"
+            )
+    return "\n".join(lines)
+
+
+__all__ = [
+    "LocalResult",
+    "LocalTrace",
+    "add_local_arguments",
+    "check_method",
+    "local_config",
+    "local_table",
+    "run_local",
+    "run_local_cases",
+]

@@ -1,0 +1,247 @@
+"""Local training with drift correction and compressed changes both ways (docs/algorithm.md,
+"Local training").
+
+The method follows LoCoDL (Condat, Maranjyan and Richtarik, 2024): every agent ``i`` keeps
+a local model ``x_i`` and a control variate ``u_i``; every party keeps the same *anchor*
+``y`` and its control variate ``v``. One local step (no communication) is
+
+    x_i <- x_i - gamma * grad f_i(x_i) + gamma * u_i          (every agent)
+    y   <- y + gamma * v                                      (g = 0: the l2 term is in f_i)
+
+and on a communication step (every H-th step, or with probability p) after it
+
+    d_i   = C_i(x_i - y)                                      (uplink: agent i sends d_i)
+    dbar  = (1 / ((1 + a) n)) sum_i d_i                       (the aggregator)
+    dt    = C_0(dbar + e);  e <- dbar + e - dt               (downlink, with error memory)
+    x_i  <- (1 - rho) x_i + rho (y + dt)
+    u_i  <- u_i + c (dt - d_i),   v <- v + (c / a) dt,   c = p chi / gamma
+    y    <- y + rho dt
+
+The model is the anchor ``y``, which every party holds after a broadcast (with rho = 1
+every ``x_i`` equals it too). ``a`` is the anchor's weight in the consensus relative to all the agents'
+(LoCoDL: a = 1, dbar = sum_i d_i / (2n); a -> 0 is compressed Scaffnew).
+``sum_i u_i + n a v + (1 + a) n c e`` is invariant (0 from zero start), so at any
+fixed point (``x_i = y``, every ``d_i = 0``, ``e = 0``) ``(1/n) sum_i grad f_i(y) = 0``:
+the optimum of the mean objective, with no client drift whatever the shards.
+
+What the compressors are is the caller's choice (:class:`Compress`); the simulator uses CAT
+sign-top-T on both ways. LoCoDL's analysis asks for unbiased compressors; with the biased
+sign-top-T the damping ``chi`` and ``rho`` are measured, not proven (docs/algorithm.md).
+
+Scaffnew/ProxSkip (Mishchenko, Malinovsky, Stich and Richtarik, 2022) is available with
+dense communication only: with compressed uploads its averaging step has no correction
+for the compression error (it diverged in an independent harness, and our anchor weight
+``a -> 0``, which tends to it, diverged at a = 0.1), so :func:`validate` refuses it.
+
+Pure numpy, no I/O: every random draw comes from an explicit Generator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from edge_agent.numerics.compressors import Update
+
+FloatArray = npt.NDArray[np.float64]
+LocalMethod = Literal["locodl", "scaffnew"]
+LOCAL_METHODS: Final[tuple[LocalMethod, ...]] = ("locodl", "scaffnew")
+
+#: the damping tuned once on the preset problem class (docs/algorithm.md, "Local training")
+#: gamma = min(1, STEP_BUDGET / H) / L: the H local steps of a round move about as far as
+#: STEP_BUDGET full steps 1/L (tuned: gamma H L of 1.75-2 was best on the preset class)
+STEP_BUDGET: Final = 2.0
+DEFAULT_CHI: Final = 1.0
+DEFAULT_RHO: Final = 0.75
+DEFAULT_ANCHOR: Final = 1.0
+
+#: compress a vector (round index, vector) -> the update that travels
+Compress = Callable[[int, FloatArray], Update]
+#: the local gradient of agent i at x
+Gradient = Callable[[int, FloatArray], FloatArray]
+
+
+@dataclass(frozen=True)
+class LocalConfig:
+    """How local training runs (the ``aggregator simulate`` flag of each field in brackets).
+
+    ``local_steps`` H (``--local-steps``): communicate at every H-th local step;
+    ``comm_prob`` p (``--comm-prob``): instead, after every step with probability p;
+    ``step_factor`` (``--local-step-factor``): gamma = step_factor / L (None: the tuned
+    ``min(1, STEP_BUDGET p)``, p = 1/H);
+    ``chi`` (``--local-chi``) and ``rho`` (``--local-rho``): LoCoDL's damping;
+    ``method`` (``--local-method``): locodl or scaffnew (dense only);
+    ``anchor`` a (``--local-anchor``): the anchor's weight in the consensus, relative to
+    all the agents' (LoCoDL: a = 1)."""
+
+    local_steps: int = 5
+    comm_prob: float | None = None
+    step_factor: float | None = None
+    chi: float = DEFAULT_CHI
+    rho: float = DEFAULT_RHO
+    method: LocalMethod = "locodl"
+    anchor: float = DEFAULT_ANCHOR
+
+    @property
+    def p(self) -> float:
+        """The communication probability (1/H for the deterministic schedule)."""
+        return self.comm_prob if self.comm_prob is not None else 1.0 / self.local_steps
+
+    @property
+    def factor(self) -> float:
+        """gamma * L: the configured step factor, else the tuned ``min(1, STEP_BUDGET p)``."""
+        if self.step_factor is not None:
+            return self.step_factor
+        return min(1.0, STEP_BUDGET * self.p)
+
+
+def validate(cfg: LocalConfig, *, uplink: str, downlink: str) -> None:
+    """ValueError naming the flag for a configuration that is undefined or known to diverge.
+
+    ``uplink``/``downlink``: the compressor names (``dense`` or a sparsifier)."""
+    if cfg.local_steps < 1:
+        raise ValueError(f"--local-steps must be >= 1, got {cfg.local_steps}")
+    if cfg.comm_prob is not None and not 0.0 < cfg.comm_prob <= 1.0:
+        raise ValueError(f"--comm-prob must lie in (0, 1], got {cfg.comm_prob}")
+    if cfg.step_factor is not None and not 0.0 < cfg.step_factor < 2.0:
+        raise ValueError(
+            f"--local-step-factor must lie in (0, 2) (gamma = factor/L; local gradient steps "
+            f"diverge at 2/L), got {cfg.step_factor}"
+        )
+    if not 0.0 < cfg.chi <= 1.0:
+        raise ValueError(f"--local-chi must lie in (0, 1], got {cfg.chi}")
+    if not 0.0 < cfg.rho <= 1.0:
+        raise ValueError(f"--local-rho must lie in (0, 1], got {cfg.rho}")
+    if not cfg.anchor > 0.0:
+        raise ValueError(
+            f"--local-anchor must be > 0 (0 is compressed Scaffnew, which diverges), "
+            f"got {cfg.anchor}"
+        )
+    if cfg.method not in LOCAL_METHODS:
+        raise ValueError(f"--local-method must be one of {', '.join(LOCAL_METHODS)}")
+    if cfg.method == "scaffnew" and (uplink != "dense" or downlink != "dense"):
+        raise ValueError(
+            "--local-method scaffnew: compressed Scaffnew (no correction of the compression "
+            "error in its averaging step) diverges; use --local-method locodl with "
+            "compression, or a dense method (--methods dense)"
+        )
+
+
+class Schedule:
+    """When to communicate: after every H-th step, or after each step with probability p."""
+
+    def __init__(self, cfg: LocalConfig, rng: np.random.Generator) -> None:
+        self.cfg = cfg
+        self.rng = rng
+        self.steps = 0
+
+    def communicate(self) -> bool:
+        """Called once after every local step: is this a communication step?"""
+        self.steps += 1
+        if self.cfg.comm_prob is not None:
+            return bool(self.rng.random() < self.cfg.comm_prob)
+        return self.steps % self.cfg.local_steps == 0
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """What travelled in one communication: every agent's update, the broadcast."""
+
+    up: tuple[Update, ...]
+    down: Update | None
+
+
+class LocalTraining:
+    """The state of a fleet under local training: every agent's ``x_i``, ``u_i``, and the
+    anchor ``y``, ``v`` (the same on every party: they apply the same broadcasts), and the
+    aggregator's downlink memory ``e``. See the module doc for the equations."""
+
+    def __init__(self, cfg: LocalConfig, x0: FloatArray, n: int, gamma: float) -> None:
+        if n < 1:
+            raise ValueError(f"local training needs at least one agent, got {n}")
+        if not gamma > 0:
+            raise ValueError(f"local training needs a step gamma > 0, got {gamma}")
+        self.cfg = cfg
+        self.n = n
+        self.gamma = gamma
+        self.x = np.tile(np.asarray(x0, dtype=np.float64), (n, 1))
+        self.u = np.zeros_like(self.x)
+        self.y = np.asarray(x0, dtype=np.float64).copy()
+        self.v = np.zeros_like(self.y)
+        self.e = np.zeros_like(self.y)
+        self.gradients = 0  # local gradient evaluations, summed over agents
+
+    @property
+    def model(self) -> FloatArray:
+        """The consensus model every party holds after a communication (the anchor)."""
+        return self.y
+
+    def local_step(self, grad: Gradient) -> None:
+        """One local gradient step on every agent, and the anchor's."""
+        for i in range(self.n):
+            g = grad(i, self.x[i])
+            self.x[i] -= self.gamma * (g - self.u[i])
+        self.gradients += self.n
+        self.y += self.gamma * self.v
+
+    def communicate(self, k: int, up: Sequence[Compress], down: Compress | None) -> Exchange:
+        """Round ``k``'s exchange; ``up[i]`` compresses agent i's change, ``down`` the
+        broadcast (None: dense, exact)."""
+        if self.cfg.method == "scaffnew":
+            return self._scaffnew(k, up)
+        sent = tuple(up[i](k, self.x[i] - self.y) for i in range(self.n))
+        d = np.zeros((self.n, self.y.size))
+        for i, upd in enumerate(sent):
+            upd.add_to(d[i])
+        dbar = d.sum(axis=0) / ((1.0 + self.cfg.anchor) * self.n)
+        cast: Update | None = None
+        if down is None:
+            dt = dbar
+        else:
+            want = dbar + self.e
+            cast = down(k, want)
+            dt = cast.to_dense()
+            self.e = want - dt
+        rho, c = self.cfg.rho, self.cfg.p * self.cfg.chi / self.gamma
+        self.x *= 1.0 - rho
+        self.x += rho * (self.y + dt)
+        self.u += c * (dt - d)
+        self.v += (c / self.cfg.anchor) * dt
+        self.y += rho * dt
+        return Exchange(sent, cast)
+
+    def _scaffnew(self, k: int, up: Sequence[Compress]) -> Exchange:
+        """ProxSkip/Scaffnew's communication with dense messages: average the local models,
+        ``h_i += (p / gamma) (x_avg - x_i)`` (u_i plays h_i)."""
+        sent = tuple(up[i](k, self.x[i] - self.y) for i in range(self.n))
+        moved = np.zeros((self.n, self.y.size))
+        for i, upd in enumerate(sent):
+            upd.add_to(moved[i])
+        moved += self.y  # x_i as the aggregator decoded it: sum_i u_i stays exactly 0
+        avg = moved.mean(axis=0)
+        self.u += (self.cfg.p / self.gamma) * (avg - moved)
+        self.x[:] = avg
+        self.y = avg.copy()
+        self.v[:] = 0.0
+        return Exchange(sent, None)
+
+
+__all__ = [
+    "DEFAULT_ANCHOR",
+    "DEFAULT_CHI",
+    "DEFAULT_RHO",
+    "LOCAL_METHODS",
+    "STEP_BUDGET",
+    "Compress",
+    "Exchange",
+    "Gradient",
+    "LocalConfig",
+    "LocalMethod",
+    "LocalTraining",
+    "Schedule",
+    "validate",
+]

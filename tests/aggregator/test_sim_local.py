@@ -1,0 +1,43 @@
+"""``aggregator simulate --local-steps``: the local-training path and its refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from aggregator.sim.cli import main
+
+
+def test_local_steps_run_reports_rounds_gradients_and_bytes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["--rows", "400", "--features", "300", "--agents", "4", "--split", "label",
+            "--methods", "cat-signtopk", "--local-steps", "3", "--targets", "1e-1",
+            "--max-rounds", "400", "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("cat-signtopk H=3"))
+    fields = line.split()
+    assert "label" in fields and "not" not in fields
+    rounds, grads = int(fields[fields.index("label") + 2]), int(fields[fields.index("label") + 3])
+    assert grads == 3 * rounds
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--methods", "cat-signtopk+ef21"], "drop +ef"),
+        (["--methods", "cat-signtopk", "--local-method", "scaffnew"], "scaffnew"),
+        (["--methods", "cat-signtopk", "--batch-size", "0.1"], "--batch-size"),
+        (["--methods", "cat-signtopk", "--downlink", "exact"], "--downlink"),
+    ],
+)
+def test_refusals(extra: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--rows", "200", "--features", "100", "--agents", "2", "--local-steps", "2",
+            "--max-rounds", "5", "--no-progress", *extra]  # fmt: skip
+    assert main(argv) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_preset_refuses_local_steps(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--preset", "paper", "--local-steps", "5"]) == 2
+    assert "--preset" in capsys.readouterr().err
