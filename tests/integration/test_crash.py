@@ -58,12 +58,26 @@ KILL_AT = 30  # SIGKILL once /status shows this version
 
 
 @pytest.mark.parametrize(
-    ("transport", "feedback"),
-    [("zmq", "none"), ("zmq", "ef21"), ("mqtt", "none")],
+    ("transport", "feedback", "downlink"),
+    [
+        ("zmq", "none", "auto"),
+        ("zmq", "ef21", "auto"),
+        ("mqtt", "none", "auto"),
+        ("zmq", "none", "exact"),
+        ("zmq", "ef21", "exact"),
+    ],
 )
 def test_aggregator_recovers_from_sigkill_and_the_agents_carry_on(
-    transport: str, feedback: FeedbackName, request: pytest.FixtureRequest, tmp_path: Path
+    transport: str,
+    feedback: FeedbackName,
+    downlink: str,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
 ) -> None:
+    """The default downlink (auto) and the exact relay. With the exact relay the agents'
+    copies are the model at every version, so the run must equal one without a crash bit
+    for bit; under auto the agents compute at their copies and the restart resyncs them, so
+    the trajectory may differ: every version once, every update once, the final copies."""
     started = time.monotonic()
     problem = make_problem(tmp_path / "data")
     url = server_url(transport, request)
@@ -77,6 +91,7 @@ def test_aggregator_recovers_from_sigkill_and_the_agents_carry_on(
             max_rounds=ROUNDS,
             checkpoint_every=5,
             feedback=feedback,  # AGG_FEEDBACK: the job runs its agents' family
+            downlink=downlink,
         ),
     )
     fleet = Fleet(tmp_path)
@@ -121,13 +136,14 @@ def test_aggregator_recovers_from_sigkill_and_the_agents_carry_on(
         assert metrics['cat_updates_rejected_total{reason="duplicate"}'] >= 0
         assert metrics['cat_updates_rejected_total{reason="internal_error"}'] == 0
 
-        # --- the same trajectory as a run without a crash
-        ref_losses, ref_x = reference_run(problem, job="crash", feedback=feedback, rounds=ROUNDS)
-        np.testing.assert_allclose([r["loss"] for r in rows], ref_losses, rtol=1e-9, atol=0)
-
         # --- every agent holds the final model, bit for bit, and finished cleanly
         x = assert_models_identical(agg, fleet)
-        np.testing.assert_allclose(x, ref_x, rtol=1e-9, atol=1e-12)
+        if downlink == "exact":  # --- the same trajectory as a run without a crash
+            ref_losses, ref_x = reference_run(
+                problem, job="crash", feedback=feedback, rounds=ROUNDS
+            )
+            np.testing.assert_allclose([r["loss"] for r in rows], ref_losses, rtol=1e-9, atol=0)
+            np.testing.assert_allclose(x, ref_x, rtol=1e-9, atol=1e-12)
         for a in fleet.agents:
             assert a.proc.returncode == 0, a.diagnose()
             summary = a.summary()
