@@ -42,8 +42,8 @@ data at every version (not every agent computes at every version); the cost at v
 engine holds a closable round for downlinks or when it ends a reception, else as an uplink
 wait (an update on air, a radio's silence). Version ``k``'s time is when the last agent
 holds it (its reception over), as in lockstep; the audit's elapsed time runs until every
-radio's owed silence and every downlink's pacing interval are over (the lockstep clock
-covers them too).
+radio's owed silence and every downlink's pacing interval are over, in lockstep too (its
+clock stops before the last round's uplink, whose updates are in the ledgers).
 """
 
 from __future__ import annotations
@@ -635,10 +635,10 @@ def run_method(
             for a in harness.agents
             for info in (engine.registry.get(a.config.agent_id),)
         }
-        elapsed_s = harness.clock.now
-        if at_cadence:  # the law's time includes what the last messages owe (module doc)
-            owed = (a.radio_free_at for a in harness.agents)
-            elapsed_s = max(book.trace.sim_time_s[-1], engine.next_version_at, *owed)
+        # the law's time includes what the last messages owe (module doc): lockstep too, whose
+        # clock stops before the last round's uplink (its updates are in the ledgers)
+        owed = (a.radio_free_at for a in harness.agents)
+        elapsed_s = max(harness.clock.now, book.trace.sim_time_s[-1], engine.next_version_at, *owed)
         margins = audit(harness.agents, engine.traffic.groups, group_of, elapsed_s)
         return RunResult(
             method=method,
