@@ -15,6 +15,7 @@ its fields the same way, and cross-field rules (a ``ValueError`` from the class)
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -152,10 +153,8 @@ def _int_from_text(value: str | bytes) -> int:
     text = _text_of(value)
     text = None if text is None else text.strip()
     if text is not None and _INT_TEXT.fullmatch(text):
-        try:
+        with contextlib.suppress(ValueError):  # e.g. "1__2": the pattern admits it, int() not
             return int(text)
-        except ValueError:
-            pass
     elif text is not None and (m := _INT_POINT_ZERO.fullmatch(text)):
         return int(m.group(1))
     raise _Bad("int_parsing", _INT_PARSING)
@@ -196,11 +195,9 @@ def _as_float(value: object) -> float:
         return float(value)
     if isinstance(value, str | bytes):
         text = _text_of(value)
-        try:
-            if text is not None:
+        if text is not None:
+            with contextlib.suppress(ValueError):
                 return float(text)
-        except ValueError:
-            pass
         raise _Bad(
             "float_parsing", "Input should be a valid number, unable to parse string as a number"
         )

@@ -38,6 +38,19 @@ class _Clock:
         return self.now
 
 
+def _crash_and_recover(svc: AggregatorService, settings: Any, data_dir: Path) -> RoundEngine:
+    """The process dies here (its store closed, nothing more written): the engine rebuilt
+    from the same data directory."""
+    store = svc._store
+    assert store is not None
+    store.close()
+    fresh = Store(data_dir)
+    try:
+        return recover(fresh, settings.engine_config(), profiles=_profile).engine
+    finally:
+        fresh.close()
+
+
 def _service(data_dir: Path, clock: _Clock, **more: Any) -> tuple[AggregatorService, Any]:
     """A started service whose ingest thread is stopped: the test runs its batches, as the
     ingest thread does, on the fake clock."""
@@ -117,14 +130,7 @@ def test_a_paced_job_recovers_exactly_after_a_crash(tmp_path: Path, downlink: st
     if downlink == "exact":  # the automatic downlink's smaller messages free the links sooner
         assert live[0] == 1, "pacing holds version 2 while the links are busy"
     # the process dies here; the live service goes on to close version 2 when the links free
-    store = svc._store
-    assert store is not None
-    store.close()
-    fresh = Store(tmp_path / "data")
-    try:
-        rebuilt = recover(fresh, settings.engine_config(), profiles=_profile).engine
-    finally:
-        fresh.close()
+    rebuilt = _crash_and_recover(svc, settings, tmp_path / "data")
     if downlink == "auto":
         # version 2 closed at the deadline with a and b, so c's update was refused as
         # stale: a refusal is counted, not journalled (it changes no state), so compare
@@ -183,14 +189,7 @@ def test_a_job_at_its_members_cadence_recovers_exactly_after_a_crash(tmp_path: P
     assert live[0] == 3, "two versions closed without the silent member"
     free = svc.read(lambda e: e.cadence.up_free_at("a"))
     assert free > 310.0
-    store = svc._store
-    assert store is not None
-    store.close()
-    fresh = Store(tmp_path / "data")
-    try:
-        rebuilt = recover(fresh, settings.engine_config(), profiles=_profile).engine
-    finally:
-        fresh.close()
+    rebuilt = _crash_and_recover(svc, settings, tmp_path / "data")
     assert _state(rebuilt) == live
     assert rebuilt.counted(303.0).awaited == svc.read(lambda e: e.counted(303.0).awaited)
     late = [_update(a, 3, rng, ef21) for a in ("b", "c")]

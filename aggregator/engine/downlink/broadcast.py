@@ -165,9 +165,14 @@ class Broadcast:
         model; None when they already are."""
         if self.mode not in ("cat", "auto") or self.w is None or np.array_equal(self.w, x):
             return None
-        self.w, self.synced = x.copy(), True
-        self._history.clear()  # the steps before the snapshot do not chain to it
+        self._resynced(x)
         return self.snapshot(x, version, aggregate, family)
+
+    def _resynced(self, x: FloatArray) -> None:
+        """A state snapshot of ``x`` goes out: the copies become ``x``, and the steps before
+        it do not chain to it."""
+        self.w, self.synced = x.copy(), True
+        self._history.clear()
 
     # ------------------------------------------------------------- one version
 
@@ -195,8 +200,7 @@ class Broadcast:
                 x, changed, base, version, family, coef, prices, aggregate, ops, final=final
             )
         if self.mode == "cat" and final:
-            self.w = x.copy()
-            self._history.clear()
+            self._resynced(x)
             return None
         if self.mode == "exact" and family == "ef21":
             self._agg_at_version = np.zeros(self.d) if aggregate is None else aggregate.copy()
