@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 import pytest
 
 from aggregator.engine.downlink.broadcast import downlink_interval_s, shared_limit
+from aggregator.sim.cli import main
 from aggregator.sim.experiment import run_method
 from aggregator.sim.local import local_table, run_local
 from aggregator.sim.methods import parse_method
@@ -127,3 +129,29 @@ def test_local_path_runs_a_multicast_group_once_for_all(problem: Problem) -> Non
     assert b.trace.energy_j[k] != a.trace.energy_j[k]  # received on another downlink
     assert b.trace.time_s[k] < a.trace.time_s[k] / 2  # no daily cap of 10 downlinks
     assert b.trace.time_s[k] >= (k - 1) * shared_limit(shared, 0)[0]
+
+
+def test_engine_path_at_cadence_counts_compute_too(problem: Problem) -> None:
+    fleet = _with_compute(build_fleet(problem, 2, ["lorawan_eu868_dr5_sf7"]), {0, 1})
+    result = run_method(problem, fleet, parse_method("cat-signtopk+ef21"), targets=(1e-9,),
+                        max_rounds=6, cadence=True)  # fmt: skip
+    energy = result.trace.compute_energy_j
+    assert len(energy) == len(result.trace.subopt) and energy[0] == 0.0
+    assert all(b >= a for a, b in itertools.pairwise(energy))
+    # every agent has evaluated at least once, and at most once per version it answered
+    assert min(_expected_j(fleet, {i}, 1) for i in (0, 1)) <= energy[-1]
+    assert energy[-1] <= _expected_j(fleet, {0, 1}, len(energy))
+
+
+def test_cli_local_path_honours_no_downlink_pacing(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--rows", "240", "--features", "300", "--agents", "2", "--l2", "1e-2",
+            "--profile", "lorawan_eu868_dr5_sf7", "--methods", "cat-signtopk",
+            "--local-steps", "2", "--targets", "1e-1", "--max-rounds", "100", "--no-progress"]  # fmt: skip
+    times = []
+    for extra in ([], ["--no-downlink-pacing"]):
+        assert main(argv + extra) == 0
+        out = capsys.readouterr().out
+        line = next(x for x in out.splitlines() if x.startswith("cat-signtopk H=2"))
+        times.append(float(line.split()[-1]))
+        assert "compute energy not modelled" not in out  # the profile has a compute part
+    assert times[0] > 10 * times[1]
