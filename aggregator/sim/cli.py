@@ -367,7 +367,10 @@ def _run(args: argparse.Namespace) -> int:
     if cfg is not None:  # local training: its own in-process aggregator (aggregator.sim.local)
         try:
             cases = [(fleet, case.methods, case.max_rounds) for fleet, case in fleets]
-            print(run_local_cases(problem, cases, cfg, targets), flush=True)
+            table = run_local_cases(
+                problem, cases, cfg, targets, downlink_pacing=not args.no_downlink_pacing
+            )
+            print(table, flush=True)
         except ValueError as exc:
             print(f"aggregator simulate: {exc}", file=sys.stderr)
             return 2

@@ -66,7 +66,7 @@ from aggregator.sim.audit import Margin, audit
 from aggregator.sim.harness import FleetHarness
 from aggregator.sim.hostile import make_hostile
 from aggregator.sim.methods import Method
-from aggregator.sim.problem import Fleet, Problem, agent_seed
+from aggregator.sim.problem import Fleet, Problem, agent_seed, nonzeros
 from edge_agent.agent.loop import Agent, AgentConfig, RoundLog
 from edge_agent.links.cost import COST_FIELDS, ZERO, Cost
 from edge_agent.protocol.indexcode import index_bytes
@@ -112,6 +112,9 @@ class Trace:
     down: list[Cost] = field(default_factory=list)
     #: rows whose gradient the agents evaluated up to x_k (one full pass: every row once)
     grad_rows: list[int] = field(default_factory=list)
+    #: what those gradient evaluations cost the agents, on their profiles' compute parts
+    #: (0 for an agent whose profile has none: not modelled)
+    compute_energy_j: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -238,6 +241,18 @@ def _ledger_sum(agents: Sequence[Agent], metric: str) -> float:
     return sum(float(getattr(a.ledger, metric)) for a in agents)
 
 
+def compute_energy_j(agents: Sequence[Agent]) -> float:
+    """What the agents' gradient evaluations so far cost them (their profiles' compute
+    parts): one evaluation per update sent, over ``gradient_rows`` rows, each row with its
+    shard's mean nonzeros (exact for full passes; a minibatch's expectation)."""
+    total = 0.0
+    for a in agents:
+        rows = a.gradient_rows
+        entries = rows * nonzeros(a.data) / max(1, a.data.n_rows)
+        total += a.profile.compute_energy_j(a.ledger.updates, rows, entries)
+    return total
+
+
 def _control_messages(agents: Sequence[Agent]) -> list[int]:
     return [a.ledger.messages - a.ledger.updates for a in agents]
 
@@ -315,6 +330,11 @@ class _Book:
         else:  # the start's snapshots as received, then one model change per round
             start = tr.down[0] if tr.down else received
             tr.down.append(start + self.cum_dense_down)
+
+    def record_gradients(self) -> None:
+        """The gradient rows evaluated up to x_k and their compute energy."""
+        self.trace.grad_rows.append(sum(a.gradient_rows for a in self.agents))
+        self.trace.compute_energy_j.append(compute_energy_j(self.agents))
 
     def objective(self, logs: Sequence[RoundLog]) -> float:
         """f(x_k): the shards' objectives weighted by their rows."""
@@ -424,7 +444,7 @@ def _train(
         harness.deliver()
         book.record_cost(clock.now)
         radio_before = _radio_busy_s(harness.agents)
-        book.trace.grad_rows.append(sum(a.gradient_rows for a in harness.agents))
+        book.record_gradients()
         done = _updates_of_round(harness, k)
         # minibatch losses are not f_i(x_k): evaluate the objective on all the data
         stochastic = harness.engine.config.batch_size is not None
@@ -539,7 +559,7 @@ def _train_at_cadence(
         if engine.version != k:
             k = engine.version
             book.record_cost(clock.now, max(0.0, max(events.ready_at) - clock.now))
-            book.trace.grad_rows.append(sum(a.gradient_rows for a in harness.agents))
+            book.record_gradients()
             f_k = problem.model.loss(engine.broadcast_model, problem.data)
             sub = book.observe(k, f_k)
             if progress is not None:

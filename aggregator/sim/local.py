@@ -12,12 +12,21 @@ engine path, and prices every message exactly as the wire would carry it:
 * downlink: one job-wide sign-top-T message of the compressed broadcast ``dt``, T chosen
   by CAT on the fleet's receiving cost (every agent's ``downlink_objective_cost``
   relative to its cost of a dense float32 broadcast, as the engine's ``cat`` downlink
-  does), charged to every agent (``downlink_cost``); with ``--methods dense`` the
-  broadcast is a dense float32 vector.
+  does), charged to every agent (``receive_cost``: a ``--multicast`` group's member pays
+  its reception of the group's one delivery, every other agent its unicast
+  ``downlink_cost``); with ``--methods dense`` the broadcast is a dense float32 vector.
 
-Time is lockstep: a round lasts the slowest uplink (airtime plus duty-cycle silence) plus
-the slowest reception (airtime plus the sender's silence); computing takes no time.
-Gradient evaluations are counted per agent (one is a full pass over its shard).
+Time is lockstep, as the engine path's (aggregator.sim.experiment): a round waits for the
+slowest uplink (airtime plus duty-cycle silence); its broadcast goes out once every agent's
+downlink is free again (downlink pacing, ``AGG_DOWNLINK_PACING``: each message keeps a
+link busy for :func:`~aggregator.engine.downlink.broadcast.downlink_interval_s`, its airtime
+plus the sender's silence or its share of the network's daily cap, and a ``--multicast``
+group's shared downlink for :func:`~aggregator.engine.downlink.broadcast.shared_limit`;
+off with ``--no-downlink-pacing``), then the slowest reception (airtime plus the sender's
+silence; a group member's is the group's busy time);
+computing takes no time. Gradient evaluations are counted per agent (one is a full pass
+over its shard) and priced on each agent's profile's compute part (``compute_energy_j``,
+0 where the profile has none).
 ``--preset paper`` never takes this path.
 """
 
@@ -33,8 +42,9 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+from aggregator.engine.downlink.broadcast import downlink_interval_s, shared_limit
 from aggregator.sim.methods import Method
-from aggregator.sim.problem import Fleet, Problem
+from aggregator.sim.problem import Fleet, Problem, nonzeros
 from edge_agent.links.cost import MessageCost
 from edge_agent.links.profiles import CostProfile
 from edge_agent.numerics.compressors import Update, compress
@@ -64,7 +74,6 @@ _UNSUPPORTED: Final[tuple[tuple[str, str, object], ...]] = (
     ("cadence", "--cadence", False),
     ("hostile", "--hostile", None),
     ("aggregation", "--aggregation", "mean"),
-    ("multicast", "--multicast", None),
     ("sign_downlink", "--sign-downlink", False),
     ("step_size", "--step-size", None),
 )
@@ -162,7 +171,8 @@ class LocalTrace:
     grad_evals: list[int] = field(default_factory=list)  # per agent
     up_bytes: list[int] = field(default_factory=list)
     down_bytes: list[int] = field(default_factory=list)
-    energy_j: list[float] = field(default_factory=list)  # up + down
+    energy_j: list[float] = field(default_factory=list)  # radio, up + down
+    compute_energy_j: list[float] = field(default_factory=list)  # gradient evaluations
     time_s: list[float] = field(default_factory=list)
     t_up: list[int] = field(default_factory=list)  # sum of T sent up, this round
     t_down: list[int] = field(default_factory=list)
@@ -252,23 +262,54 @@ def _slowest(costs: Sequence[MessageCost]) -> float:
 
 
 class _Ledger:
-    """Running totals of one run, appended to the trace once per round."""
+    """Running totals of one run, appended to the trace once per round; ``pacing``: the
+    broadcast waits until every agent's downlink is free again (the engine's pacing)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fleet: Fleet, *, pacing: bool = True) -> None:
+        self.fleet, self.pacing = fleet, pacing
         self.up_bytes = self.down_bytes = 0
         self.energy_j = self.time_s = 0.0
         self.t_up = self.t_down = 0
+        #: when each downlink is free again: an agent's unicast link, or a shared group's
+        self.free_at: dict[str, float] = {}
+        rows = [s.n_rows for s in fleet.shards]
+        #: one full gradient per agent: (evaluations, rows, nonzeros) per evaluation
+        self._per_eval = [(1, r, nonzeros(s)) for r, s in zip(rows, fleet.shards, strict=True)]
 
-    def add(self, fleet: Fleet, ups: Sequence[tuple[Update, int]], down_size: int) -> None:
+    def add(self, ups: Sequence[tuple[Update, int]], down_size: int) -> None:
+        fleet = self.fleet
         up_costs = [p.message_cost(s) for p, (_, s) in zip(fleet.profiles, ups, strict=True)]
-        down_costs = [p.downlink_cost(down_size) for p in fleet.profiles]
+        down_costs = [p.receive_cost(down_size, job_wide=True) for p in fleet.profiles]
         self.up_bytes += sum(s for _, s in ups)
         self.down_bytes += down_size * fleet.agents
         self.energy_j += sum(c.energy_j for c in up_costs) + sum(c.energy_j for c in down_costs)
-        self.time_s += _slowest(up_costs) + _slowest(down_costs)
+        self.time_s += _slowest(up_costs)
+        if self.pacing:  # the version closes once every link is free, then occupies them
+            self.time_s = max([self.time_s, *self.free_at.values()])
+            for key, interval in self._intervals(down_size).items():
+                self.free_at[key] = max(self.time_s, self.free_at.get(key, 0.0)) + interval
+        self.time_s += _slowest(down_costs)
         self.t_up = sum(u.t for u, _ in ups)
 
+    def _intervals(self, size: int) -> dict[str, float]:
+        """How long one broadcast of ``size`` bytes keeps each downlink busy: a shared
+        group's once (its own law), every other agent's unicast link (the engine's)."""
+        out: dict[str, float] = {}
+        for i, p in enumerate(self.fleet.profiles):
+            shared = p.shared_downlink
+            if shared is None:
+                out[f"a{i:03d}"] = downlink_interval_s(p, size)
+            else:
+                out["@" + shared.group] = shared_limit(shared, size)[0]
+        return out
+
+    def compute_energy_j(self, evals: int) -> float:
+        """What ``evals`` full gradients per agent cost the fleet (profiles' compute parts)."""
+        return sum(p.compute_energy_j(evals * e, evals * r, evals * z)
+                   for p, (e, r, z) in zip(self.fleet.profiles, self._per_eval, strict=True))  # fmt: skip
+
     def record(self, tr: LocalTrace, grad_evals: int) -> None:
+        tr.compute_energy_j.append(self.compute_energy_j(grad_evals))
         tr.grad_evals.append(grad_evals)
         tr.up_bytes.append(self.up_bytes)
         tr.down_bytes.append(self.down_bytes)
@@ -287,9 +328,10 @@ def run_local(
     targets: Sequence[float],
     max_rounds: int,
     progress: Callable[[int, float], None] | None = None,
+    downlink_pacing: bool = True,
 ) -> LocalResult:
     """Train ``method`` under local training until the smallest target, divergence or
-    ``max_rounds`` communications."""
+    ``max_rounds`` communications; ``downlink_pacing``: as ``AGG_DOWNLINK_PACING``."""
     check_method(method, cfg)
     started = time.perf_counter()
     model, d, n = problem.model, problem.model.d, fleet.agents
@@ -311,7 +353,7 @@ def run_local(
         return run
 
     up_calls = [up_fn(i) for i in range(n)]
-    trace, ledger = LocalTrace(), _Ledger()
+    trace, ledger = LocalTrace(), _Ledger(fleet, pacing=downlink_pacing)
     pending = sorted(set(targets), reverse=True)
     reached: dict[float, int] = {}
     gap0 = problem.f0 - problem.f_star
@@ -343,7 +385,7 @@ def run_local(
         else:
             down_size = int(_down_size(d, exchange.down.t, k))
             ledger.t_down = exchange.down.t
-        ledger.add(fleet, sent, down_size)
+        ledger.add(sent, down_size)
         k += 1
     return LocalResult(method, fleet, cfg, problem.split, trace, reached, reason, gamma,
                        time.perf_counter() - started)  # fmt: skip
@@ -364,6 +406,8 @@ def run_local_cases(
     cases: Sequence[tuple[Fleet, Sequence[Method], int]],
     cfg: LocalConfig,
     targets: Sequence[float],
+    *,
+    downlink_pacing: bool = True,
 ) -> str:
     """Every (fleet, methods, max_rounds) case under local training; the table
     (ValueError: a refused method, before anything runs)."""
@@ -371,7 +415,15 @@ def run_local_cases(
         for method in methods:
             check_method(method, cfg)
     results = [
-        run_local(problem, fleet, method, cfg, targets=targets, max_rounds=max_rounds)
+        run_local(
+            problem,
+            fleet,
+            method,
+            cfg,
+            targets=targets,
+            max_rounds=max_rounds,
+            downlink_pacing=downlink_pacing,
+        )
         for fleet, methods, max_rounds in cases
         for method in methods
     ]
@@ -380,13 +432,21 @@ def run_local_cases(
 
 def local_table(results: Sequence[LocalResult], targets: Sequence[float]) -> str:
     """One line per (run, target): rounds, gradient evaluations per agent, bytes both ways
-    (sums over agents, and per agent), energy and time to reach it."""
+    (sums over agents, and per agent), energy (radio both ways, compute, and both) and
+    time to reach it."""
     head = (
         f"{'method':<46} {'split':<5} {'target':>6} {'rounds':>6} {'grads/agent':>11} "
         f"{'up kB':>9} {'down kB':>9} {'total kB':>9} {'kB/agent':>9} {'energy J':>9} "
-        f"{'time s':>9}"
+        f"{'compute J':>9} {'device J':>9} {'time s':>9}"
     )
-    lines = ["# local training (in-process aggregator, docs/algorithm.md)", head]
+    lines = [
+        "# local training (in-process aggregator, docs/algorithm.md); energy J: radio "
+        "both ways, compute J: gradient evaluations, device J: both",
+        head,
+    ]
+    missing = sorted({p.name for r in results for p in r.fleet.profiles if p.compute is None})
+    if missing:
+        lines.insert(1, f"# compute energy not modelled (0) for: {', '.join(missing)}")
     for r in results:
         for eps in sorted(targets, reverse=True):
             k = r.reached.get(eps)
@@ -398,7 +458,8 @@ def local_table(results: Sequence[LocalResult], targets: Sequence[float]) -> str
             lines.append(
                 f"{r.label:<46} {r.split:<5} {eps:>6g} {k:>6} {tr.grad_evals[k]:>11} "
                 f"{up:>9.1f} {dn:>9.1f} {up + dn:>9.1f} {(up + dn) / r.fleet.agents:>9.2f} "
-                f"{tr.energy_j[k]:>9.3g} {tr.time_s[k]:>9.3g}"
+                f"{tr.energy_j[k]:>9.3g} {tr.compute_energy_j[k]:>9.3g} "
+                f"{tr.energy_j[k] + tr.compute_energy_j[k]:>9.3g} {tr.time_s[k]:>9.3g}"
             )
     return "\n".join(lines)
 

@@ -58,6 +58,13 @@ class Fleet:
         return f"{self.agents} agent{'s' if self.agents != 1 else ''}, {self.profile_label}"
 
 
+def nonzeros(data: Dataset) -> int:
+    """The entries a gradient over every row of ``data`` reads: the sparse matrix's stored
+    entries, every entry of a dense one."""
+    x = data.X
+    return int(x.size) if isinstance(x, np.ndarray) else int(x.nnz)
+
+
 def _load_or_generate(
     data_path: str | None, rows: int, features: int, seed: int
 ) -> tuple[Dataset, str]:
@@ -156,4 +163,12 @@ def build_fleet(
     return Fleet(tuple(shards), profiles, smoothness)
 
 
-__all__ = ["Fleet", "Problem", "agent_seed", "build_fleet", "build_problem", "on_group"]
+__all__ = [
+    "Fleet",
+    "Problem",
+    "agent_seed",
+    "build_fleet",
+    "build_problem",
+    "nonzeros",
+    "on_group",
+]

@@ -43,7 +43,14 @@ _AT_TARGET: Final[tuple[str, ...]] = (
     *METRICS, "bytes", "bytes_fixed32_index", "mean_t", "sim_time_s", "up_wait_s",
     "down_wait_s",
     *(f"down_{m}" for m in DOWN_FIELDS), *(f"total_{m}" for m in DOWN_FIELDS),
+    "compute_energy_j", "device_energy_j",
 )  # fmt: skip
+
+
+def not_modelled(fleet: Fleet) -> list[str]:
+    """The fleet's profiles without a compute part: their agents' compute energy is not
+    modelled (counted as 0 in ``compute_energy_j``)."""
+    return sorted({p.name for p in fleet.profiles if p.compute is None})
 
 
 def _at_target(result: RunResult, k: int | None) -> dict[str, Any]:
@@ -66,6 +73,8 @@ def _at_target(result: RunResult, k: int | None) -> dict[str, Any]:
             )
             for m in DOWN_FIELDS
         },
+        "compute_energy_j": tr.compute_energy_j[k],
+        "device_energy_j": tr.cost["energy_j"][k] + tr.down[k].energy_j + tr.compute_energy_j[k],
     }
 
 
@@ -118,6 +127,7 @@ def records(result: RunResult, targets: Sequence[float]) -> list[dict[str, Any]]
             **_gradients(result, result.reached.get(eps)),
             "agents": fleet.agents,
             "profile": fleet.profile_label,
+            "compute_not_modelled": not_modelled(fleet),
             "rows": sum(s.n_rows for s in fleet.shards),
             "d": fleet.shards[0].n_features,
             "rounds_run": result.rounds_run,
@@ -229,11 +239,18 @@ _TABLE_COLUMNS: Final[tuple[tuple[str, str], ...]] = (
     ("down_bytes", "down_bytes"),
     ("total_bytes", "total_bytes"),
     *((f"total_{m}", f"total_{m}") for m in METRICS),
+    ("compute_J", "compute_energy_j"),
+    ("device_J", "device_energy_j"),
     ("sim_time_s", "sim_time_s"),
     ("up_wait_s", "up_wait_s"),
     ("down_wait_s", "down_wait_s"),
     ("law_margin", "audit_worst_margin"),
 )
+
+
+def _unmodelled_note(fleet: Fleet) -> str:
+    missing = not_modelled(fleet)
+    return f"\n   compute energy not modelled (0) for: {', '.join(missing)}" if missing else ""
 
 
 def summary_table(results: Sequence[RunResult], targets: Sequence[float]) -> str:
@@ -261,7 +278,8 @@ def summary_table(results: Sequence[RunResult], targets: Sequence[float]) -> str
         widths = [max(len(str(row[i])) for row in rows) for i in range(len(cols))]
         lines.append(
             f"== {label}  (sums over agents to the target: up = sent, down = received, "
-            "total = both; '-': not reached)"
+            "total = both; compute_J: gradient evaluations, device_J: total_energy_j + "
+            f"compute_J; '-': not reached){_unmodelled_note(group[0].fleet)}"
         )
         for row in rows:
             lines.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
@@ -380,6 +398,7 @@ __all__ = [
     "TIMING_FIELDS",
     "ProgressBar",
     "gradient_lines",
+    "not_modelled",
     "plot_results",
     "plot_unavailable",
     "records",

@@ -1,5 +1,5 @@
-"""The parts of a cost profile (:mod:`edge_agent.links.profiles`): a downlink part, a
-measured point, a pair of affine coefficients, and the checks of a cost and a metric.
+"""The parts of a cost profile (:mod:`edge_agent.links.profiles`): a downlink part, a compute
+part, a measured point, a pair of affine coefficients, and the checks of a cost and a metric.
 
 Each is a frozen dataclass validated as :mod:`edge_agent.validation` describes; a profile
 file holds them as JSON objects (docs/cost-profiles.md). Pure: no I/O.
@@ -30,6 +30,7 @@ __all__ = [
     "METRIC",
     "METRIC_COSTS",
     "AffineCoefficients",
+    "ComputePart",
     "DownlinkPart",
     "MeasuredPoint",
     "MetricCosts",
@@ -151,6 +152,55 @@ class DownlinkPart:
         if self.sender_duty_cycle is None:
             return 0.0
         return airtime_s * (1.0 / self.sender_duty_cycle - 1.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComputePart:
+    """What *computing* a gradient costs the device, in joules (docs/cost-profiles.md,
+    "Compute energy"): for one evaluation over ``rows`` rows holding ``nonzeros`` nonzero
+    entries, ``energy_j = per_gradient_j + per_row_j * rows + per_nonzero_j * nonzeros``.
+
+    A sparse gradient's time is proportional to its nonzeros (``per_nonzero_j``) plus a
+    fixed part for the d-sized vector work (``per_gradient_j``, at the ``features`` it was
+    measured for); ``per_row_j`` serves dense data. ``device``: the computer it describes;
+    ``power_w``: its active power above idle while one core computes (context only)."""
+
+    per_gradient_j: float = 0.0
+    per_row_j: float = 0.0
+    per_nonzero_j: float = 0.0
+    features: int | None = None
+    device: str | None = None
+    power_w: float | None = None
+    estimated: tuple[str, ...] = ()
+    notes: str | None = None
+
+    CHECKS: ClassVar[Mapping[str, Check]] = {
+        "per_gradient_j": COST,
+        "per_row_j": COST,
+        "per_nonzero_j": COST,
+        "features": optional(POSITIVE_INT),
+        "device": optional(string()),
+        "power_w": optional(COST),
+        "estimated": TEXTS,
+        "notes": optional(string()),
+    }
+
+    def __post_init__(self) -> None:
+        revalidate(self)
+        if not (self.per_gradient_j > 0 or self.per_row_j > 0 or self.per_nonzero_j > 0):
+            raise ValueError(
+                "compute: per_gradient_j, per_row_j and per_nonzero_j are all 0; give at "
+                "least one (or leave the compute part out: compute energy is then not modelled)"
+            )
+
+    def energy_j(self, evaluations: float, rows: float, nonzeros: float) -> float:
+        """Joules of ``evaluations`` gradient evaluations over ``rows`` rows in all, holding
+        ``nonzeros`` nonzero entries in all."""
+        for name, value in (("evaluations", evaluations), ("rows", rows), ("nonzeros", nonzeros)):
+            if not value >= 0:
+                raise ValueError(f"{name} must be >= 0, got {value!r}")
+        return (self.per_gradient_j * evaluations + self.per_row_j * rows
+                + self.per_nonzero_j * nonzeros)  # fmt: skip
 
 
 def ceil_div(num: IntArray, den: int) -> IntArray:

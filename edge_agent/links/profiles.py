@@ -50,6 +50,7 @@ from edge_agent.links.profile_parts import (
     METRIC,
     METRIC_COSTS,
     AffineCoefficients,
+    ComputePart,
     DownlinkPart,
     MeasuredPoint,
     MetricCosts,
@@ -83,6 +84,7 @@ __all__ = [
     "PROFILES_DIR_ENV",
     "AffineCoefficients",
     "AffineProfile",
+    "ComputePart",
     "CostProfile",
     "DownlinkPart",
     "MeasuredPoint",
@@ -136,6 +138,8 @@ class CostProfile(ABC):
     downlink: DownlinkPart | None = None
     """What receiving costs; None: a symmetric link (receiving a message costs what sending
     it would, with no downlink caps)."""
+    compute: ComputePart | None = None
+    """What a gradient evaluation costs the device; None: compute energy is not modelled."""
 
     #: the fields' checks, in order (pydantic's: a subclass's field keeps its base's place)
     CHECKS: ClassVar[Mapping[str, Check]] = {
@@ -151,6 +155,7 @@ class CostProfile(ABC):
         "per_packet_overhead_bytes": NONNEGATIVE_INT,
         "max_payload_bytes": optional(POSITIVE_INT),
         "downlink": optional(model(DownlinkPart)),
+        "compute": optional(model(ComputePart)),
     }
 
     def __post_init__(self) -> None:
@@ -288,6 +293,13 @@ class CostProfile(ABC):
             return np.asarray(self.objective_cost(sizes), dtype=np.float64)
         link = sizes.reshape(-1) + down.message_overhead_bytes
         return down.metric_cost(self.objective, link).reshape(sizes.shape)
+
+    def compute_energy_j(self, evaluations: float, rows: float, nonzeros: float) -> float:
+        """Joules of gradient evaluations (:meth:`ComputePart.energy_j`); 0.0 without a
+        compute part (not modelled: :attr:`compute` is None)."""
+        if self.compute is None:
+            return 0.0
+        return self.compute.energy_j(evaluations, rows, nonzeros)
 
     @property
     def max_downlinks_per_day(self) -> int | None:
@@ -501,6 +513,7 @@ _KIND_MODELS: Final[dict[str, type[CostProfile]]] = {
 }
 _NESTED_MODELS: Final[dict[str, type[Any]]] = {
     "downlink": DownlinkPart,
+    "compute": ComputePart,
     "shared": SharedDownlink,
     "points": MeasuredPoint,
     "coefficients": AffineCoefficients,

@@ -3,6 +3,8 @@ reference the dataclasses in edge_agent.links.profiles, edge_agent.links.shared 
 edge_agent.protocol.jobinfo are checked against (tests/edge_agent/test_schema_equivalence.py):
 the models' fields, bounds and validators, the discriminated union, and the old
 translation of pydantic's errors into profile error lines. Nothing here prices a message.
+The profiles' compute part (issue 21) came later; it is written here in the same style, so
+the dataclass's checks of it are held to pydantic's too.
 """
 
 from __future__ import annotations
@@ -114,6 +116,26 @@ class DownlinkPart(Frozen):
     notes: str | None = None
 
 
+class ComputePart(Frozen):
+    per_gradient_j: CostValue = 0.0
+    per_row_j: CostValue = 0.0
+    per_nonzero_j: CostValue = 0.0
+    features: PositiveInt | None = None
+    device: str | None = None
+    power_w: CostValue | None = None
+    estimated: tuple[str, ...] = ()
+    notes: str | None = None
+
+    @model_validator(mode="after")
+    def check_some_energy(self) -> ComputePart:
+        if not (self.per_gradient_j > 0 or self.per_row_j > 0 or self.per_nonzero_j > 0):
+            raise ValueError(
+                "compute: per_gradient_j, per_row_j and per_nonzero_j are all 0; give at "
+                "least one (or leave the compute part out: compute energy is then not modelled)"
+            )
+        return self
+
+
 class CostProfile(Frozen):
     kind: str
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
@@ -127,6 +149,7 @@ class CostProfile(Frozen):
     per_packet_overhead_bytes: NonNegativeInt = 0
     max_payload_bytes: PositiveInt | None = None
     downlink: DownlinkPart | None = None
+    compute: ComputePart | None = None
 
     def defined_metrics(self) -> frozenset[Metric]:
         raise NotImplementedError
@@ -219,6 +242,7 @@ KIND_MODELS: Final[dict[str, type[BaseModel]]] = {
 }
 NESTED_MODELS: Final[dict[str, type[BaseModel]]] = {
     "downlink": DownlinkPart,
+    "compute": ComputePart,
     "shared": SharedDownlink,
     "points": MeasuredPoint,
     "coefficients": AffineCoefficients,
