@@ -98,7 +98,6 @@ class RoundEngine:
         self.model = JobModel(config, x0, self._pricer, evaluator)
         self.version = 0
         self.accepted = 0
-        self.rejected: dict[str, int] = dict.fromkeys(REJECT_REASONS, 0)
         self.rounds = 0
         self.totals = Spend()
         self.last_record: RoundRecord | None = None
@@ -112,8 +111,8 @@ class RoundEngine:
         self.cadence = Cadence(self._pricer, config)  # duty cycles: who a round excuses
         #: the open round (read it only: its methods are for the engine)
         self.round_state = OpenRound(config.d, config.aggregation)
-        self._logged: set[str] = set()
-        self.refusals = Refusals(config.job, announce=job_info(config))  # rate-limited
+        #: rejections by reason, and what the refused agents are told (rate-limited)
+        self.refusals = Refusals(config.job, announce=job_info(config))
         self._topics = admission.TopicParser(config.job)
         #: answers, downlink accounts and pacing, published counters
         self.traffic = DownlinkTraffic(config.job, self._pricer, pacing=config.downlink_pacing)
@@ -145,6 +144,11 @@ class RoundEngine:
     @property
     def finish_reason(self) -> str:
         return self.lifecycle.finish_reason
+
+    @property
+    def rejected(self) -> dict[str, int]:
+        """Refused messages by reason (read-only: :class:`Refusals` counts them)."""
+        return self.refusals.counts
 
     @property
     def agents(self) -> Mapping[str, AgentInfo]:
@@ -619,23 +623,9 @@ class RoundEngine:
     ) -> Effects:
         """Count a rejection; with ``now`` (a hello or update from ``agent``), also tell the
         agent when the reason concerns it (:mod:`aggregator.engine.refusals`, rate-limited)."""
-        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        told = self.refusals.refuse(reason, detail, agent, now, self.version)
         self.registry.rejected(agent)
-        self._log_once(
-            reason,
-            "rejected a message: %s%s (logged once per reason)",
-            reason,
-            f" ({detail})" if detail else "",
-        )
-        if agent is None or now is None:
-            return Effects(reason=reason)
-        told = self.refusals.answer(agent, reason, detail, now, self.version)
         return Effects(outbound=told, reason=reason)
-
-    def _log_once(self, key: str, fmt: str, *args: object) -> None:
-        if key not in self._logged:
-            self._logged.add(key)
-            log.warning(fmt, *args)
 
     # ------------------------------------------------------------------ persistence
 
@@ -651,7 +641,7 @@ class RoundEngine:
             **self.lifecycle.export(),
             "agents": self.registry.export(),
             "cadence": self.cadence.export(),
-            **{"accepted": self.accepted, "rejected": dict(self.rejected)},
+            **{"accepted": self.accepted, "rejected": self.refusals.export()},
             **{"rounds": self.rounds, "totals": self.totals.to_dict()},
             **self.traffic.export(),
             "last_record": None if last is None else last.to_dict(),
@@ -683,7 +673,7 @@ class RoundEngine:
         self.registry.restore(meta["agents"])
         self.cadence.restore(meta.get("cadence"))
         self.accepted = int(meta["accepted"])
-        self.rejected = {**dict.fromkeys(REJECT_REASONS, 0), **meta["rejected"]}
+        self.refusals.restore(meta["rejected"])
         self.rounds = int(meta["rounds"])
         self.totals = Spend.from_dict(meta["totals"])
         self.traffic.restore(meta)
