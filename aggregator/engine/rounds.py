@@ -194,7 +194,7 @@ class RoundEngine:
         ``step_rule`` (:mod:`aggregator.engine.stepsize`; times ``ef21_step_factor`` in an EF21
         job). A job with ``dir`` agents steps exactly 1/L: they are family *mean* (factor
         1), and admission refuses them when a step size is configured."""
-        return self.model.gamma((a.hello for a in self.registry), self.version)
+        return self.model.gamma(self.registry.hellos(), self.version)
 
     def counted(self, now: float | None = None) -> Participation:
         """Who the open sync round counts at ``now`` (:mod:`aggregator.engine.cadence`)."""
@@ -332,26 +332,22 @@ class RoundEngine:
 
     # ------------------------------------------------------------------ messages
 
+    def _open(self, kind: str, agent: str, blob: bytes) -> tuple[bytes, bool]:
+        """The JSON of a hello, status or request, and whether it was signed (raises)."""
+        return self.config.mac.open_json(kind, self.config.job, agent, blob)
+
     def _on_hello(self, agent: str, blob: bytes, now: float) -> Effects:
-        cfg = self.config
-        text, signed = cfg.mac.open_json("hello", cfg.job, agent, blob)
-        hello = admission.check_hello(text, agent=agent, job=cfg.job, d=cfg.d, model=cfg.model,
-                                      family=self.family, alone=self.registry.only(agent),
-                                      fixed_step=cfg.step_size is not None, limits=cfg.limits,
-                                      feedback=cfg.feedback)  # fmt: skip
-        known = self.registry.get(agent)
-        admission.check_claims(hello, None if known is None else known.hello)
-        self.registry.check_signed(agent, hello.ctr, signed=signed, kind="hello")
-        self.refusals.refused_agents.forget(agent)
+        text, signed = self._open("hello", agent, blob)
+        hello = self.registry.check_hello(agent, text, signed=signed, config=self.config,
+                                          family=self.family)  # fmt: skip
         # --- apply
+        self.refusals.refused_agents.forget(agent)
         self.model.hellos_changed()
         high = self.model.seen_keys.highest(agent)  # a fresh hello forgets the keys
-        if known is not None and hello.fresh:
+        if hello.fresh and self.registry.get(agent) is not None:
             self.model.reset_agent(agent, self.registry.index(agent))
-            self.registry.set_needs_reset(agent, False)
-        self.registry.join(agent, hello, now, self.version)
-        if signed:  # replays of its earlier updates stay refused (docs/wire-format.md 11.1)
-            self.registry.signed_hello(agent, hello, -1 if high is None else high + 1)
+        floor = -1 if high is None else high + 1
+        self.registry.welcome(agent, hello, now, self.version, signed=signed, seq_floor=floor)
         self.cadence.heard(agent, hello.profile, len(blob), now)
         if self.model.set_family(semantics_family(hello.semantics)):
             self.model.reset_agent(
@@ -368,23 +364,13 @@ class RoundEngine:
         return Effects(outbound=tuple(out), journal=True)
 
     def _on_status(self, agent: str, blob: bytes, now: float) -> Effects:
-        text, signed = self.config.mac.open_json("status", self.config.job, agent, blob)
-        status = admission.check_status(text, agent=agent)
-        off = status.state == "offline"
-        will = self.registry.check_signed(agent, status.ctr, signed=signed, kind="status",
-                                          offline=off)  # fmt: skip
-        changed = self.registry.status(agent, status.state, now)
-        self.registry.signed(agent, status.ctr if signed else None, will=will)  # journalled
-        return _JOURNAL_ONLY if changed or signed else _NOTHING  # a repeat is not journalled
+        text, signed = self._open("status", agent, blob)
+        journal = self.registry.on_status(agent, text, now, signed=signed)
+        return _JOURNAL_ONLY if journal else _NOTHING  # a repeat is not journalled
 
     def _on_request(self, agent: str, blob: bytes, now: float) -> Effects:
-        text, signed = self.config.mac.open_json("request", self.config.job, agent, blob)
-        req = admission.check_request(text)
-        if self.registry.get(agent) is None:  # never answered: a snapshot per invented id
-            raise Reject("unknown_agent", f"{agent} sent a request before its hello")
-        self.registry.check_signed(agent, req.ctr, signed=signed, kind="request")
-        self.registry.seen(agent, now)
-        self.registry.signed(agent, req.ctr if signed else None)
+        text, signed = self._open("request", agent, blob)
+        req = self.registry.on_request(agent, text, now, signed=signed)
         return Effects(outbound=self._answer(agent, req.have, now), journal=signed)
 
     def _on_update(self, agent: str, blob: bytes, now: float, decoded: Decoded | None) -> Effects:
