@@ -43,6 +43,7 @@ from aggregator.engine.downlink.pacing import (
     decode_charges,
     encode_charges,
 )
+from aggregator.engine.intake import Admit, Answer, Refresh, Rejoin, UpdateIntake
 from aggregator.engine.lifecycle import ControlCmd, Lifecycle
 from aggregator.engine.model import JobModel
 from aggregator.engine.openround import OpenRound
@@ -59,8 +60,7 @@ from aggregator.engine.types import (
     FloatArray,
 )
 from edge_agent.links.cost import Cost
-from edge_agent.numerics.compressors import Update
-from edge_agent.protocol import messages, wire
+from edge_agent.protocol import messages
 from edge_agent.protocol.downlink import Family, semantics_family
 
 __all__ = ["REJECT_REASONS", "AgentInfo", "Decoded", "Effects", "EngineConfig",
@@ -71,9 +71,6 @@ log = logging.getLogger("aggregator.engine.rounds")
 #: shared, immutable results of the common cases (no allocation per message)
 _NOTHING: Final = Effects()
 _JOURNAL_ONLY: Final = Effects(journal=True)
-
-#: an admitted update: does it enter this round's step, and with what weight
-_Admission = tuple[bool, float]
 
 
 class RoundEngine:
@@ -116,6 +113,9 @@ class RoundEngine:
         self._topics = admission.TopicParser(config.job)
         #: answers, downlink accounts and pacing, published counters
         self.traffic = DownlinkTraffic(config.job, self._pricer, pacing=config.downlink_pacing)
+        #: the de-duplication keys and what becomes of each update (verdicts the engine applies)
+        self.intake = UpdateIntake(config, model=self.model, registry=self.registry,
+                                   round=self.round_state, traffic=self.traffic)  # fmt: skip
         self.model.evaluate()
 
     # ------------------------------------------------------------------ views
@@ -252,7 +252,7 @@ class RoundEngine:
         reproduces the state exactly (ticks that change nothing need not be stored).
         """
         changed = bool(self.registry.expire(now))
-        changed = self.registry.forget_unproven(now, self.model.renumber) or changed
+        changed = self.registry.forget_unproven(now, self.intake.renumber) or changed
         if self.state == "waiting":
             changed = self._maybe_start(now) or changed
         closed = self._maybe_close(now)
@@ -343,16 +343,14 @@ class RoundEngine:
         # --- apply
         self.refusals.refused_agents.forget(agent)
         self.model.hellos_changed()
-        high = self.model.seen_keys.highest(agent)  # a fresh hello forgets the keys
+        high = self.intake.highest(agent)  # a fresh hello forgets the keys
         if hello.fresh and self.registry.get(agent) is not None:
-            self.model.reset_agent(agent, self.registry.index(agent))
+            self._forget(agent)
         floor = -1 if high is None else high + 1
         self.registry.welcome(agent, hello, now, self.version, signed=signed, seq_floor=floor)
         self.cadence.heard(agent, hello.profile, len(blob), now)
         if self.model.set_family(semantics_family(hello.semantics)):
-            self.model.reset_agent(
-                agent, self.registry.index(agent)
-            )  # the only agent switched semantics
+            self._forget(agent)  # the only agent switched semantics
         out: list[Outbound] = []
         if hello.version is not None and hello.version != self.version:
             out.extend(self._answer(agent, hello.version, now, controls=False))
@@ -374,19 +372,11 @@ class RoundEngine:
         return Effects(outbound=self._answer(agent, req.have, now), journal=signed)
 
     def _on_update(self, agent: str, blob: bytes, now: float, decoded: Decoded | None) -> Effects:
-        info = self.registry.get(agent)
-        cfg = self.config
-        header, update = admission.check_update(blob, decoded, agent=agent, job=cfg.job, d=cfg.d,
-                                                hello=None if info is None else info.hello,
-                                                mac=cfg.mac)  # fmt: skip
-        assert info is not None  # check_update rejects an agent without a hello
-        admitted = self._admit(agent, info, header, now)
-        if isinstance(admitted, Effects):
-            return admitted
-        sized = self._guarded(agent, update, admitted[1])
-        if isinstance(sized, Effects):
-            return sized
-        self._record(agent, info, header, update, blob, now, admitted, sized)
+        verdict = self.intake.judge(agent, blob, decoded, now, version=self.version,
+                                    state=self.state)  # fmt: skip
+        if not isinstance(verdict, Admit):
+            return self._refused(agent, verdict, now)
+        self._record(agent, blob, now, verdict)
         if self.state != "waiting":
             self.round_state.open(now)
         closed = self._maybe_close(now)
@@ -394,77 +384,28 @@ class RoundEngine:
             return _JOURNAL_ONLY
         return replace(closed, journal=True)
 
-    def _admit(
-        self, agent: str, info: AgentInfo, header: wire.UpdateHeader, now: float
-    ) -> _Admission | Effects:
-        """Whether a valid update is applied, and whether it enters this round's step.
-
-        Returns Effects (nothing applied) when the update is refused with an answer to the
-        agent; raises Reject when it is refused silently."""
-        cfg = self.config
-        if self.model.seen(agent, header):
-            return self._duplicate(agent, header, now)
-        if header.seq < info.seq_floor:  # below what its last authenticated hello allowed
-            raise Reject("replayed", f"{agent}: seq {header.seq} < {info.seq_floor}")
-        if self.state == "finished":
-            raise Reject("finished")
-        if header.round > self.version:
-            raise Reject(
-                "future_version", f"{agent}: round {header.round} > version {self.version}"
-            )
-        staleness = self.version - header.round
-        ef21 = header.semantics == "ef21"
-        if ef21 and (info.needs_reset or staleness > cfg.dedupe_window):
-            return self._ef21_reset(agent, info, staleness)
-        if staleness > cfg.dedupe_window:
-            raise Reject("stale", f"{agent}: {staleness} versions old (beyond the dedupe window)")
-        contributes = self.round_state.admits(agent, header.round, staleness, ef21, config=cfg,
-                                              paused=self.state == "paused",
-                                              last_round=info.last_round)  # fmt: skip
-        if not ef21 and not contributes:
-            if self.state == "paused":
-                raise Reject("paused", f"{agent}: round {header.round}")
-            # The round closed without this agent (deadline + quorum) and it may have missed
-            # the delta: answer with the model, or it would re-send this update forever.
-            eff = self._reject("stale", f"{agent}: round {header.round}", agent)
-            out = self._answer(agent, header.round, now, controls=False)
-            return Effects(outbound=out, reason=eff.reason)
-        weight = 1.0 if cfg.mode == "sync" else 1.0 / (1.0 + staleness)
-        return contributes, weight
-
-    def _duplicate(self, agent: str, header: wire.UpdateHeader, now: float) -> Effects:
-        """An update whose (round, seq) key was applied already."""
-        detail = f"{agent} round {header.round} seq {header.seq}"
-        if header.round == self.version and self.traffic.hold(now, self.registry) is not None:
-            # a re-send while the round waits for downlinks: it is alive, nothing refused
+    def _refused(self, agent: str, verdict: Refresh | Answer | Rejoin, now: float) -> Effects:
+        """Apply a verdict of :meth:`UpdateIntake.judge` that refuses the update."""
+        if isinstance(verdict, Refresh):
             return _JOURNAL_ONLY if self.registry.refresh(agent, now) else _NOTHING
-        if header.round < self.version:
-            # A re-send of an update applied to an older version: the agent never saw the
-            # versions since (e.g. a restart recovered a version persisted but not yet
-            # published, and ZeroMQ dropped the start-up snapshot before the agent
-            # re-subscribed). Without the model it would re-send forever.
-            eff = self._reject("duplicate", detail, agent)
-            return Effects(outbound=self._answer(agent, header.round, now), reason=eff.reason)
-        raise Reject("duplicate", detail)
+        if isinstance(verdict, Answer):
+            self._reject(verdict.reason, verdict.detail, agent)
+            out = self._answer(agent, verdict.have, now, controls=verdict.controls)
+            return Effects(outbound=out, reason=verdict.reason)
+        told = self._rejoin(agent) if verdict.drop else self._reset_message(agent)
+        self._reject(verdict.reason, verdict.detail, agent)
+        # journalled: the reset changed state a replay must reproduce
+        return Effects(outbound=(told,), journal=True, reason=verdict.reason)
 
-    def _record(
-        self,
-        agent: str,
-        info: AgentInfo,
-        header: wire.UpdateHeader,
-        update: Update,
-        blob: bytes,
-        now: float,
-        admitted: _Admission,
-        norms: tuple[float, float],
-    ) -> None:
+    def _record(self, agent: str, blob: bytes, now: float, admit: Admit) -> None:
         """Apply an admitted update: keys, agent and cost accounting, aggregation state."""
+        info, header, update = admit.info, admit.header, admit.update
         spend = self._pricer.price(info.hello.profile, header, len(blob))
         # nothing below can fail on a validated update
-        contributes, weight = admitted
-        index = self.registry.index(agent)
-        self.model.apply(agent, index, header, update, blob, contributes=contributes,
-                         weight=weight, norms=norms)  # fmt: skip
+        contributes, weight = admit.contributes, admit.weight
+        self.intake.applied(agent, self.registry.index(agent), header)
+        self.model.apply(agent, header, update, blob, contributes=contributes,
+                         weight=weight, norms=admit.norms)  # fmt: skip
         self.registry.accepted(agent, header.round, header.t, spend, now)
         self.cadence.heard(agent, info.hello.profile, len(blob), now)
         self.accepted += 1
@@ -476,43 +417,17 @@ class RoundEngine:
 
     # ------------------------------------------------------------------ refused state
 
-    def _ef21_reset(self, agent: str, info: AgentInfo, staleness: int) -> Effects:
-        """An EF21 change older than the de-duplication window may or may not have been
-        applied already: applying it could count it twice, dropping it would leave the
-        agent's h_i and ours apart for good. Drop our h_i instead and ask the agent to zero
-        its own and rejoin fresh (refusing its changes until then)."""
-        out = () if info.needs_reset else (self._rejoin(agent),)
-        if out:
-            window = self.config.dedupe_window
-            log.warning("%s: EF21 update %d versions old (beyond the de-duplication window of "
-                        "%d); its state was reset, waiting for a fresh hello", agent, staleness,
-                        window)  # fmt: skip
-        eff = self._reject("ef21_reset", f"{agent}: waiting for a fresh hello", agent)
-        # journalled: the reset changed state a replay must reproduce
-        return Effects(
-            outbound=out or (self._reset_message(agent),), journal=True, reason=eff.reason
-        )
+    def _forget(self, agent: str) -> None:
+        """Drop ``agent``'s EF21 state and forget its de-duplication keys."""
+        self.model.reset_agent(agent)
+        self.intake.forget(agent, self.registry.index(agent))
 
     def _rejoin(self, agent: str) -> Outbound:
         """Drop ``agent``'s EF21 state and keys; its updates wait for a fresh hello, which
         the returned message asks it for."""
-        self.model.reset_agent(agent, self.registry.index(agent))
+        self._forget(agent)
         self.registry.set_needs_reset(agent, True)
         return self._reset_message(agent)
-
-    def _guarded(self, agent: str, update: Update, weight: float) -> tuple[float, float] | Effects:
-        """The update's (norm, max |value|) if it may enter the step (the guard); raises
-        Reject if not. A refused EF21 change is answered instead (the agent added it to its
-        h_i already, so ours and its would differ): its state is dropped and it is asked
-        to rejoin fresh, as for an ``ef21_reset`` (counted under the guard's reason)."""
-        try:
-            return self.model.check(update, agent, self.gamma(), weight, self.round_state)
-        except Reject as rej:
-            if update.semantics != "ef21":
-                raise
-            told = self._rejoin(agent)
-            eff = self._reject(rej.reason, rej.detail, agent)
-            return Effects(outbound=(told,), journal=True, reason=eff.reason)
 
     def _drop_round(self, now: float) -> Effects:
         """The open round's step would make the model non-finite although every update
@@ -529,7 +444,7 @@ class RoundEngine:
             if ef21:  # drops h_i and asks the agent to rejoin
                 out.append(self._rejoin(agent))
             else:  # its keys are forgotten: it may send the update again
-                self.model.reset_agent(agent, self.registry.index(agent))
+                self._forget(agent)
         self.model.round_dropped()
         self.round_state.reset(now)
         return Effects(outbound=tuple(out), changed=True)
@@ -598,7 +513,7 @@ class RoundEngine:
         out = self.model.stepped(step, base, self.version, coef, profiles, final=done is not None)
         self.round_state.reset(now)
         self.traffic.closed(now)
-        self.model.prune(self.version)
+        self.intake.prune(self.version)
         if done is not None:
             self.lifecycle.finish(done, self.version)
         out.extend(self.state_controls(settings=False))
@@ -617,7 +532,7 @@ class RoundEngine:
 
     def export(self) -> EngineSnapshot:
         """A deep copy of the whole state (for a checkpoint): each part exports its own."""
-        self.model.prune(self.version)
+        self.intake.prune(self.version)
         model = self.model.export()
         cfg = self.config
         last = self.last_record
@@ -634,7 +549,12 @@ class RoundEngine:
             **model["meta"],
             "round": self.round_state.export(),
         }
-        return EngineSnapshot(acc=self.round_state.export_sum(), meta=meta, **model["arrays"])
+        arrays = {
+            **model["arrays"],
+            "acc": self.round_state.export_sum(),
+            "seen": self.intake.export(),
+        }
+        return EngineSnapshot(meta=meta, **arrays)
 
     @classmethod
     def restore(
@@ -666,5 +586,6 @@ class RoundEngine:
         rec = meta["last_record"]
         self.last_record = None if rec is None else RoundRecord.from_dict(rec)
         self.round_state.restore(meta["round"], snap.acc)
-        self.model.restore(snap, list(self.registry.records))
-        self.model.prune(self.version)
+        self.model.restore(snap)
+        self.intake.restore(snap.seen, list(self.registry.records))
+        self.intake.prune(self.version)
