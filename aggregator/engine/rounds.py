@@ -34,6 +34,7 @@ from aggregator.engine import admission
 from aggregator.engine.accounting import Pricer, ProfileLookup, RoundRecord, Spend
 from aggregator.engine.admission import REJECT_REASONS, Decoded, Reject
 from aggregator.engine.cadence import Cadence
+from aggregator.engine.closing import Closing
 from aggregator.engine.downlink.outbound import Outbound, addressed, control_message
 from aggregator.engine.downlink.pacing import (
     DownlinkTraffic,
@@ -105,9 +106,10 @@ class RoundEngine:
             window=config.participation_window,
             unproven_ttl_s=config.unproven_ttl_s,
         )
-        self.cadence = Cadence(self._pricer, config)  # duty cycles: who a round excuses
         #: the open round (read it only: its methods are for the engine)
         self.round_state = OpenRound(config.d, config.aggregation)
+        #: who a round counts, why it closes, when the job is done (and the members' cadence)
+        self.closing = Closing(config, self._pricer, registry=self.registry, round=self.round_state)
         #: rejections by reason, and what the refused agents are told (rate-limited)
         self.refusals = Refusals(config.job, announce=job_info(config))
         self._topics = admission.TopicParser(config.job)
@@ -196,15 +198,19 @@ class RoundEngine:
         1), and admission refuses them when a step size is configured."""
         return self.model.gamma(self.registry.hellos(), self.version)
 
+    @property
+    def cadence(self) -> Cadence:
+        """The members' duty cycles (read-only: :class:`Closing` owns them)."""
+        return self.closing.cadence
+
     def counted(self, now: float | None = None) -> Participation:
-        """Who the open sync round counts at ``now`` (:mod:`aggregator.engine.cadence`)."""
-        return self.cadence.counted(self.registry, self.round_state, self.version, now, self.family)
+        """Who the open sync round counts at ``now`` (:mod:`aggregator.engine.closing`)."""
+        return self.closing.counted(self.version, self.family, now)
 
     def quorum(self, base: int | None = None) -> int:
         """Contributions a sync round needs at its deadline: a fraction of the agents that
         take part (:mod:`aggregator.engine.registry`), at least ``quorum_min_agents``."""
-        n = self.counted().quorum_base if base is None else base
-        return self.registry.quorum(n, self.config.quorum_min_agents, self.config.quorum_fraction)
+        return self.closing.quorum(self.counted().quorum_base if base is None else base)
 
     # ------------------------------------------------------------------ inputs
 
@@ -348,7 +354,7 @@ class RoundEngine:
             self._forget(agent)
         floor = -1 if high is None else high + 1
         self.registry.welcome(agent, hello, now, self.version, signed=signed, seq_floor=floor)
-        self.cadence.heard(agent, hello.profile, len(blob), now)
+        self.closing.heard(agent, hello.profile, len(blob), now)
         if self.model.set_family(semantics_family(hello.semantics)):
             self._forget(agent)  # the only agent switched semantics
         out: list[Outbound] = []
@@ -407,7 +413,7 @@ class RoundEngine:
         self.model.apply(agent, header, update, blob, contributes=contributes,
                          weight=weight, norms=admit.norms)  # fmt: skip
         self.registry.accepted(agent, header.round, header.t, spend, now)
-        self.cadence.heard(agent, info.hello.profile, len(blob), now)
+        self.closing.heard(agent, info.hello.profile, len(blob), now)
         self.accepted += 1
         self.totals.add(spend)
         self.round_state.cost(agent, header.t, spend)
@@ -459,20 +465,14 @@ class RoundEngine:
 
     def _maybe_close(self, now: float) -> Effects:
         """Close the open round if it may (``journal``: a downlink hold started or ran out)."""
-        if self.state != "running" or not self.round_state:
-            return _NOTHING
-        reason = self._closable(now)
+        reason = self.closing.reason(now, state=self.state, version=self.version,
+                                     family=self.family)  # fmt: skip
         if reason is None:
-            return _NOTHING if self.config.mode == "async" else Effects()
+            return _NOTHING
         may, changed = self.traffic.may_close(now, self.config.max_hold_s, self.registry)
         if not may:
             return _JOURNAL_ONLY if changed else _NOTHING
         return self._close(now, reason)
-
-    def _closable(self, now: float) -> str | None:
-        """Why the open round would close at ``now`` downlinks aside (None: it would not)."""
-        counted = self.counted(now) if self.config.mode == "sync" else None
-        return self.round_state.close_reason(now, self.config, counted, self.quorum)
 
     def hold(self, now: float) -> Hold | None:
         """Whether a round that could close waits for downlinks at ``now``: the reason,
@@ -480,7 +480,7 @@ class RoundEngine:
         return self.traffic.hold(now, self.registry) if self.state == "running" else None
 
     def _close(self, now: float, reason: str) -> Effects:
-        cfg = self.config
+        """Step the model with the open round, commit the new version, broadcast it."""
         gamma = self.gamma()
         step, coef = self.model.step(self.round_state, gamma)
         if not step.finite:
@@ -489,26 +489,10 @@ class RoundEngine:
         self.version += 1
         self.rounds += 1
         self.model.evaluate()
-        opened = self.round_state.opened_at
-        record = RoundRecord(
-            version=self.version,
-            base_version=base,
-            opened_at=now if opened is None else opened,
-            closed_at=now,
-            reason=reason,
-            gamma=gamma,
-            participants=tuple(sorted(self.round_state.participants)),
-            agents=self.round_state.costs.agents,
-            spend=self.round_state.costs.spend,
-            loss=self.loss,
-            accuracy=self.accuracy,
-        )
+        record = self.round_state.record(self.version, base, now, reason, gamma, self.loss,
+                                         self.accuracy)  # fmt: skip
         self.last_record = record
-        done = None
-        if cfg.max_rounds is not None and self.version >= cfg.max_rounds:
-            done = f"reached max_rounds={cfg.max_rounds}"
-        elif cfg.target_loss is not None and self.loss is not None and self.loss <= cfg.target_loss:
-            done = f"loss {self.loss:.6g} <= target_loss {cfg.target_loss:g}"
+        done = self.closing.done(self.version, self.loss)
         profiles = ((a.hello.profile, self.traffic.group_of(a)) for a in self.registry)
         out = self.model.stepped(step, base, self.version, coef, profiles, final=done is not None)
         self.round_state.reset(now)
@@ -541,7 +525,7 @@ class RoundEngine:
             **{"job": cfg.job, "d": cfg.d, "model": cfg.model, "version": self.version},
             **self.lifecycle.export(),
             "agents": self.registry.export(),
-            "cadence": self.cadence.export(),
+            "cadence": self.closing.export(),
             **{"accepted": self.accepted, "rejected": self.refusals.export()},
             **{"rounds": self.rounds, "totals": self.totals.to_dict()},
             **self.traffic.export(),
@@ -577,7 +561,7 @@ class RoundEngine:
         self.version = int(meta["version"])
         self.lifecycle.restore(meta)
         self.registry.restore(meta["agents"])
-        self.cadence.restore(meta.get("cadence"))
+        self.closing.restore(meta.get("cadence"))
         self.accepted = int(meta["accepted"])
         self.refusals.restore(meta["rejected"])
         self.rounds = int(meta["rounds"])
