@@ -26,43 +26,37 @@ never raises and validates fully before it changes anything.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Final
+from typing import Final
 
 from aggregator.engine import admission
 from aggregator.engine.accounting import Pricer, ProfileLookup, RoundRecord, Spend
 from aggregator.engine.admission import REJECT_REASONS, Decoded, Reject
-from aggregator.engine.cadence import Cadence
 from aggregator.engine.closing import Closing
 from aggregator.engine.downlink.outbound import Outbound, addressed, control_message
 from aggregator.engine.downlink.pacing import (
     DownlinkTraffic,
-    Hold,
     Published,
-    charges,
-    decode_charges,
-    encode_charges,
 )
 from aggregator.engine.intake import Admit, Answer, Refresh, Rejoin, UpdateIntake
 from aggregator.engine.lifecycle import ControlCmd, Lifecycle
 from aggregator.engine.model import JobModel
 from aggregator.engine.openround import OpenRound
 from aggregator.engine.refusals import Refusals, job_info
-from aggregator.engine.registry import AgentRegistry, Participation
+from aggregator.engine.registry import AgentRegistry
 from aggregator.engine.types import (
     STATE_FORMAT,
     AgentInfo,
     Effects,
     EngineConfig,
     EngineSnapshot,
-    EngineStateName,
     Evaluator,
     FloatArray,
 )
-from edge_agent.links.cost import Cost
+from aggregator.engine.view import EngineView
 from edge_agent.protocol import messages
-from edge_agent.protocol.downlink import Family, semantics_family
+from edge_agent.protocol.downlink import semantics_family
 
 __all__ = ["REJECT_REASONS", "AgentInfo", "Decoded", "Effects", "EngineConfig",
            "EngineSnapshot", "Evaluator", "FloatArray", "RoundEngine"]  # fmt: skip
@@ -74,7 +68,7 @@ _NOTHING: Final = Effects()
 _JOURNAL_ONLY: Final = Effects(journal=True)
 
 
-class RoundEngine:
+class RoundEngine(EngineView):
     """Round logic for one job. Not thread-safe: the caller serialises calls.
 
     ``evaluator(x) -> (loss, accuracy or None)`` is called once per new version (and once
@@ -119,98 +113,6 @@ class RoundEngine:
         self.intake = UpdateIntake(config, model=self.model, registry=self.registry,
                                    round=self.round_state, traffic=self.traffic)  # fmt: skip
         self.model.evaluate()
-
-    # ------------------------------------------------------------------ views
-
-    @property
-    def x(self) -> FloatArray:
-        """The model (the array the engine steps in place)."""
-        return self.model.x
-
-    @property
-    def family(self) -> Family | None:
-        return self.model.family
-
-    @property
-    def loss(self) -> float | None:
-        return self.model.loss
-
-    @property
-    def accuracy(self) -> float | None:
-        return self.model.accuracy
-
-    @property
-    def state(self) -> EngineStateName:
-        return self.lifecycle.state
-
-    @property
-    def finish_reason(self) -> str:
-        return self.lifecycle.finish_reason
-
-    @property
-    def rejected(self) -> dict[str, int]:
-        """Refused messages by reason (read-only: :class:`Refusals` counts them)."""
-        return self.refusals.counts
-
-    @property
-    def agents(self) -> Mapping[str, AgentInfo]:
-        """Every agent's record (read-only: :class:`AgentRegistry` changes them)."""
-        return self.registry.records
-
-    @property
-    def live_agents(self) -> int:
-        return self.registry.live_count
-
-    @property
-    def totals_down(self) -> Cost:
-        """What the agents received, summed over agents."""
-        return self.traffic.totals_down
-
-    @property
-    def next_version_at(self) -> float:
-        """Downlink pacing: no version closes before this time."""
-        return self.traffic.next_version_at
-
-    @property
-    def h(self) -> dict[str, FloatArray]:
-        """EF21: each agent's state h_i (live view of the mirror)."""
-        return self.model.mirror.h
-
-    @property
-    def sum_h(self) -> FloatArray | None:
-        """EF21: the sum of every h_i (None before the first change arrived)."""
-        return self.model.mirror.sum_h
-
-    @property
-    def broadcast_model(self) -> FloatArray:
-        """The model the agents hold: ``x``, or the compressed downlink's ``w``."""
-        return self.model.broadcast_model
-
-    @property
-    def open_round(self) -> dict[str, Any]:
-        """Participants and age of the open round (for the status API)."""
-        return self.round_state.summary()
-
-    def gamma(self) -> float:
-        """The step size: configured, else 1/L with L from the hellos' L_i under
-        ``step_rule`` (:mod:`aggregator.engine.stepsize`; times ``ef21_step_factor`` in an EF21
-        job). A job with ``dir`` agents steps exactly 1/L: they are family *mean* (factor
-        1), and admission refuses them when a step size is configured."""
-        return self.model.gamma(self.registry.hellos(), self.version)
-
-    @property
-    def cadence(self) -> Cadence:
-        """The members' duty cycles (read-only: :class:`Closing` owns them)."""
-        return self.closing.cadence
-
-    def counted(self, now: float | None = None) -> Participation:
-        """Who the open sync round counts at ``now`` (:mod:`aggregator.engine.closing`)."""
-        return self.closing.counted(self.version, self.family, now)
-
-    def quorum(self, base: int | None = None) -> int:
-        """Contributions a sync round needs at its deadline: a fraction of the agents that
-        take part (:mod:`aggregator.engine.registry`), at least ``quorum_min_agents``."""
-        return self.closing.quorum(self.counted().quorum_base if base is None else base)
 
     # ------------------------------------------------------------------ inputs
 
@@ -263,12 +165,7 @@ class RoundEngine:
             changed = self._maybe_start(now) or changed
         closed = self._maybe_close(now)
         if changed or closed.committed is not None or closed.changed or closed.journal:
-            return Effects(
-                outbound=closed.outbound,
-                committed=closed.committed,
-                journal=True,
-                changed=closed.changed,
-            )
+            return replace(closed, journal=True)  # closing refuses nothing: no reason
         return closed
 
     def control(self, cmd: ControlCmd, now: float) -> Effects:
@@ -295,15 +192,12 @@ class RoundEngine:
         journals with ``now`` before it publishes, and :meth:`replay_charge` re-applies
         (the module doc of :mod:`aggregator.engine.downlink.pacing` says why).
         """
-        self.traffic.count(outbound)
-        items = charges(outbound)
-        self.traffic.charge(items, now, self.registry)
-        return encode_charges(items)
+        return self.traffic.charge_published(outbound, now, self.registry)
 
     def replay_charge(self, blob: bytes, now: float) -> None:
         """Re-apply a journalled :meth:`charge_downlink` (not counted again as published:
         those counters are this process's). Raises ValueError for a malformed blob."""
-        self.traffic.charge(decode_charges(blob), now, self.registry)
+        self.traffic.replay(blob, now, self.registry)
 
     # ------------------------------------------------------------------ outbound
 
@@ -473,11 +367,6 @@ class RoundEngine:
         if not may:
             return _JOURNAL_ONLY if changed else _NOTHING
         return self._close(now, reason)
-
-    def hold(self, now: float) -> Hold | None:
-        """Whether a round that could close waits for downlinks at ``now``: the reason,
-        the agents whose downlink holds it and until when (None: not held)."""
-        return self.traffic.hold(now, self.registry) if self.state == "running" else None
 
     def _close(self, now: float, reason: str) -> Effects:
         """Step the model with the open round, commit the new version, broadcast it."""

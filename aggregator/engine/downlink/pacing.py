@@ -315,6 +315,21 @@ class DownlinkTraffic:
             for g, acct in self._groups.items()
         }
 
+    def charge_published(
+        self, outbound: Sequence[Published], now: float | None, agents: AgentRegistry
+    ) -> bytes:
+        """Count ``outbound`` by kind (:meth:`count`) and charge it at ``now``
+        (:meth:`charge`); return the charge's journal form (:func:`encode_charges`)."""
+        self.count(outbound)
+        items = charges(outbound)
+        self.charge(items, now, agents)
+        return encode_charges(items)
+
+    def replay(self, blob: bytes, now: float, agents: AgentRegistry) -> None:
+        """Re-apply a journalled :meth:`charge_published` (not counted again as published:
+        those counters are this process's). Raises ValueError for a malformed blob."""
+        self.charge(decode_charges(blob), now, agents)
+
     def charge(self, items: Sequence[Charge], now: float | None, agents: AgentRegistry) -> None:
         """Account what agents receive: a job-wide message reaches every live agent, one
         addressed to an agent reaches that agent only. A job-wide message goes once per
