@@ -31,7 +31,7 @@ from dataclasses import replace
 from typing import Final
 
 from aggregator.engine import admission
-from aggregator.engine.accounting import Pricer, ProfileLookup, RoundRecord, Spend
+from aggregator.engine.accounting import Pricer, ProfileLookup, Tally
 from aggregator.engine.admission import REJECT_REASONS, Decoded, Reject
 from aggregator.engine.closing import Closing
 from aggregator.engine.downlink.outbound import Outbound, addressed, control_message
@@ -88,11 +88,8 @@ class RoundEngine(EngineView):
         self._pricer = Pricer(profiles)
         #: x, the family, EF21 states, keys, guard, broadcast (read it; it changes itself)
         self.model = JobModel(config, x0, self._pricer, evaluator)
-        self.version = 0
-        self.accepted = 0
-        self.rounds = 0
-        self.totals = Spend()
-        self.last_record: RoundRecord | None = None
+        #: the model version, rounds committed, the last record, accepted updates, totals
+        self.tally = Tally()
         self.lifecycle = Lifecycle(config.job)
         self.registry = AgentRegistry(
             liveness_timeout_s=config.liveness_timeout_s,
@@ -308,8 +305,7 @@ class RoundEngine(EngineView):
                          weight=weight, norms=admit.norms)  # fmt: skip
         self.registry.accepted(agent, header.round, header.t, spend, now)
         self.closing.heard(agent, info.hello.profile, len(blob), now)
-        self.accepted += 1
-        self.totals.add(spend)
+        self.tally.accepted_update(spend)
         self.round_state.cost(agent, header.t, spend)
         if contributes:
             ef21 = header.semantics == "ef21"
@@ -375,12 +371,10 @@ class RoundEngine(EngineView):
         if not step.finite:
             return self._drop_round(now)
         base = self.version
-        self.version += 1
-        self.rounds += 1
         self.model.evaluate()
-        record = self.round_state.record(self.version, base, now, reason, gamma, self.loss,
+        record = self.round_state.record(base + 1, base, now, reason, gamma, self.loss,
                                          self.accuracy)  # fmt: skip
-        self.last_record = record
+        self.tally.committed(record)
         done = self.closing.done(self.version, self.loss)
         profiles = ((a.hello.profile, self.traffic.group_of(a)) for a in self.registry)
         out = self.model.stepped(step, base, self.version, coef, profiles, final=done is not None)
@@ -408,17 +402,14 @@ class RoundEngine(EngineView):
         self.intake.prune(self.version)
         model = self.model.export()
         cfg = self.config
-        last = self.last_record
         meta = {
-            "format": STATE_FORMAT,
-            **{"job": cfg.job, "d": cfg.d, "model": cfg.model, "version": self.version},
+            **{"format": STATE_FORMAT, "job": cfg.job, "d": cfg.d, "model": cfg.model},
+            **self.tally.export(),
             **self.lifecycle.export(),
             "agents": self.registry.export(),
             "cadence": self.closing.export(),
-            **{"accepted": self.accepted, "rejected": self.refusals.export()},
-            **{"rounds": self.rounds, "totals": self.totals.to_dict()},
+            "rejected": self.refusals.export(),
             **self.traffic.export(),
-            "last_record": None if last is None else last.to_dict(),
             **model["meta"],
             "round": self.round_state.export(),
         }
@@ -447,17 +438,12 @@ class RoundEngine(EngineView):
 
     def _load(self, snap: EngineSnapshot) -> None:
         meta = snap.meta
-        self.version = int(meta["version"])
+        self.tally.restore(meta)
         self.lifecycle.restore(meta)
         self.registry.restore(meta["agents"])
         self.closing.restore(meta.get("cadence"))
-        self.accepted = int(meta["accepted"])
         self.refusals.restore(meta["rejected"])
-        self.rounds = int(meta["rounds"])
-        self.totals = Spend.from_dict(meta["totals"])
         self.traffic.restore(meta)
-        rec = meta["last_record"]
-        self.last_record = None if rec is None else RoundRecord.from_dict(rec)
         self.round_state.restore(meta["round"], snap.acc)
         self.model.restore(snap)
         self.intake.restore(snap.seen, list(self.registry.records))

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from aggregator.engine.accounting import RoundRecord, Spend, Tally
 from aggregator.engine.cadence import Cadence
 from aggregator.engine.closing import Closing
 from aggregator.engine.downlink.pacing import DownlinkTraffic, Hold
@@ -29,8 +30,7 @@ class EngineView:
     """Read-only views of the parts of one job's engine (see the module doc)."""
 
     config: EngineConfig
-    #: the model version (the number of versions committed since the job began)
-    version: int
+    tally: Tally
     model: JobModel
     lifecycle: Lifecycle
     registry: AgentRegistry
@@ -38,6 +38,31 @@ class EngineView:
     closing: Closing
     refusals: Refusals
     traffic: DownlinkTraffic
+
+    @property
+    def version(self) -> int:
+        """The model version: the versions committed since the job began."""
+        return self.tally.version
+
+    @property
+    def rounds(self) -> int:
+        """Rounds committed."""
+        return self.tally.rounds
+
+    @property
+    def last_record(self) -> RoundRecord | None:
+        """The record of the last version committed (None: none yet)."""
+        return self.tally.last_record
+
+    @property
+    def accepted(self) -> int:
+        """Updates accepted."""
+        return self.tally.accepted
+
+    @property
+    def totals(self) -> Spend:
+        """What the accepted updates cost, summed over agents (read it only)."""
+        return self.tally.totals
 
     @property
     def x(self) -> FloatArray:
