@@ -34,7 +34,7 @@ from aggregator.engine import admission
 from aggregator.engine.accounting import Pricer, ProfileLookup, Tally
 from aggregator.engine.admission import REJECT_REASONS, Decoded, Reject
 from aggregator.engine.closing import Closing
-from aggregator.engine.downlink.outbound import Outbound, addressed, control_message
+from aggregator.engine.downlink.outbound import Outbound, reset_message
 from aggregator.engine.downlink.pacing import (
     DownlinkTraffic,
     Published,
@@ -55,7 +55,6 @@ from aggregator.engine.types import (
     FloatArray,
 )
 from aggregator.engine.view import EngineView
-from edge_agent.protocol import messages
 from edge_agent.protocol.downlink import semantics_family
 
 __all__ = ["REJECT_REASONS", "AgentInfo", "Decoded", "Effects", "EngineConfig",
@@ -167,28 +166,22 @@ class RoundEngine(EngineView):
 
     def control(self, cmd: ControlCmd, now: float) -> Effects:
         """Operator command. Returns the control message to broadcast (``changed``: checkpoint)."""
-        if not self.lifecycle.control(cmd, self.version):
+        told = self.lifecycle.control(cmd, self.version)
+        if told is None:
             return Effects()
         if cmd == "resume":
             self.round_state.restart_deadline(now)  # the deadline restarts after a pause
-        reason = self.finish_reason if cmd == "stop" else ""
-        ctl = messages.Control(cmd=cmd, version=self.version, reason=reason)
         settled = self.model.settle(self.version) if cmd == "stop" else None  # copies = x
-        out = [*([settled] if settled else []), control_message(self.config.job, ctl)]
+        out = [*([settled] if settled else []), told]
         more = self._maybe_close(now) if cmd == "resume" else Effects()
         return Effects(outbound=(*out, *more.outbound), committed=more.committed, changed=True)
 
     def charge_downlink(self, outbound: Sequence[Published], now: float | None = None) -> bytes:
-        """Account what agents receive and count what is published, by kind: the caller
-        passes exactly what it publishes (after merging), and the time it does. A job-wide
+        """Account what agents receive and count what is published, by kind: a job-wide
         message costs every live agent, one addressed to an agent (``target``) that agent
         only; with pacing on, the next version waits until their links are free again.
-
-        The charge is an engine *input*: it changes downlink accounts and pacing, which
-        decide when the next version closes. It returns its journal form, which the service
-        journals with ``now`` before it publishes, and :meth:`replay_charge` re-applies
-        (the module doc of :mod:`aggregator.engine.downlink.pacing` says why).
-        """
+        Returns the journal form :meth:`replay_charge` re-applies
+        (:meth:`~aggregator.engine.downlink.pacing.DownlinkTraffic.charge_published`)."""
         return self.traffic.charge_published(outbound, now, self.registry)
 
     def replay_charge(self, blob: bytes, now: float) -> None:
@@ -200,8 +193,7 @@ class RoundEngine(EngineView):
 
     def resync_message(self) -> Outbound:
         """Control ``resync``: the aggregator (re)started at this version."""
-        ctl = messages.Control(cmd="resync", version=self.version, reason="aggregator started")
-        return control_message(self.config.job, ctl)
+        return self.lifecycle.resync(self.version)
 
     def snapshot_message(self) -> Outbound:
         """The model agents hold (and for EF21 jobs replicated exactly, the aggregate h
@@ -222,10 +214,6 @@ class RoundEngine(EngineView):
         steps = self.model.catch_up(have, self.version)
         extra = self.state_controls(settings=False) if controls else ()
         return self.traffic.answer(agent, steps, self.snapshot_message, now, extra)
-
-    def _reset_message(self, agent: str) -> Outbound:
-        ctl = messages.Control(cmd="reset", agent=agent, version=self.version)
-        return addressed(control_message(self.config.job, ctl), self.config.job, agent)
 
     # ------------------------------------------------------------------ messages
 
@@ -253,7 +241,7 @@ class RoundEngine(EngineView):
             out.extend(self._answer(agent, hello.version, now, controls=False))
         out.extend(self.traffic.to(agent, self.state_controls()))
         if self.agents[agent].needs_reset:
-            out.append(self._reset_message(agent))
+            out.append(self._rejoin(agent, drop=False))  # still waiting for a fresh hello
         if self.state == "waiting":
             self._maybe_start(now)
         return Effects(outbound=tuple(out), journal=True)
@@ -289,7 +277,7 @@ class RoundEngine(EngineView):
             self._reject(verdict.reason, verdict.detail, agent)
             out = self._answer(agent, verdict.have, now, controls=verdict.controls)
             return Effects(outbound=out, reason=verdict.reason)
-        told = self._rejoin(agent) if verdict.drop else self._reset_message(agent)
+        told = self._rejoin(agent, drop=verdict.drop)
         self._reject(verdict.reason, verdict.detail, agent)
         # journalled: the reset changed state a replay must reproduce
         return Effects(outbound=(told,), journal=True, reason=verdict.reason)
@@ -318,12 +306,13 @@ class RoundEngine(EngineView):
         self.model.reset_agent(agent)
         self.intake.forget(agent, self.registry.index(agent))
 
-    def _rejoin(self, agent: str) -> Outbound:
-        """Drop ``agent``'s EF21 state and keys; its updates wait for a fresh hello, which
-        the returned message asks it for."""
-        self._forget(agent)
-        self.registry.set_needs_reset(agent, True)
-        return self._reset_message(agent)
+    def _rejoin(self, agent: str, *, drop: bool = True) -> Outbound:
+        """The control ``reset`` that asks ``agent`` to rejoin fresh; ``drop``: first drop
+        its EF21 state and keys, its updates waiting for that hello (else: a repeat)."""
+        if drop:
+            self._forget(agent)
+            self.registry.set_needs_reset(agent, True)
+        return reset_message(self.config.job, agent, self.version)
 
     def _drop_round(self, now: float) -> Effects:
         """The open round's step would make the model non-finite although every update

@@ -319,7 +319,13 @@ class DownlinkTraffic:
         self, outbound: Sequence[Published], now: float | None, agents: AgentRegistry
     ) -> bytes:
         """Count ``outbound`` by kind (:meth:`count`) and charge it at ``now``
-        (:meth:`charge`); return the charge's journal form (:func:`encode_charges`)."""
+        (:meth:`charge`); return the charge's journal form (:func:`encode_charges`).
+
+        The caller passes exactly what it publishes (after merging), and the time it does.
+        The charge is an engine *input*: it changes downlink accounts and pacing, which
+        decide when the next version closes; the service journals its journal form with
+        ``now`` before it publishes, and :meth:`replay` re-applies it (the module doc
+        says why)."""
         self.count(outbound)
         items = charges(outbound)
         self.charge(items, now, agents)
