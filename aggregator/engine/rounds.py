@@ -1,24 +1,22 @@
-"""The round engine: quorum, model stepping and EF21 state for one job.
+"""The round engine of one job: the composition of its parts.
 
 :class:`RoundEngine` is *pure*: no I/O, no threads, no clock reads (every entry point takes
 ``now``, seconds on any clock that survives restarts, e.g. ``time.time()``). The service
 (:mod:`aggregator.service.ingest`) and the simulator drive the same class; the service
-persists what the engine returns *before* it publishes anything (see :class:`Effects`). It
-composes the parts of :mod:`aggregator.engine`, each the only owner of its state, which it
-changes through its own methods and exports and restores itself: the job's
-:class:`~.lifecycle.Lifecycle`, the :class:`~.registry.AgentRegistry` (records, presence,
-participation) and :class:`~.cadence.Cadence` (whose duty cycle a round excuses), the
-:class:`~.openround.OpenRound`, the downlink (:class:`~.downlink.broadcast.Broadcast`,
-:class:`~.downlink.pacing.DownlinkTraffic`), the update guard and the de-duplication keys;
-the engine owns the model (``x``, ``version``, the family and the EF21 mirror of
-:mod:`edge_agent.numerics.aggregation`) and the counters.
+persists what the engine returns *before* it publishes anything (see :class:`Effects`).
 
-An update is validated (it fits the job and its sender's hello), admitted (duplicate,
-stale, paused? does it enter this round's step?), then recorded. The step rules (``gamma``,
-the mean and EF21 steps, sync and async modes, quorum and deadline) are in
-docs/algorithm.md; the path of one round through these modules in docs/architecture.md.
-Every version is broadcast so agents hold the model the aggregator serves; the job stops
-at ``max_rounds`` or ``target_loss``. Bad messages are counted by reason
+It holds no state of its own. Each part owns its state, changes it through its own methods
+and exports and restores it itself (a checkpoint is their composition); the engine hands
+each input to the parts and applies what they decide: the :class:`~.lifecycle.Lifecycle`
+and the :class:`~.accounting.Tally` (version, counters); the :class:`~.registry.AgentRegistry`
+(records; it checks and applies hellos, status messages and requests); the
+:class:`~.intake.UpdateIntake` (the de-duplication keys; its verdict on each update); the
+:class:`~.model.JobModel` (``x``, the EF21 mirror, the guard, the broadcast); the
+:class:`~.openround.OpenRound` and the :class:`~.closing.Closing` policy (who a round
+counts, why it closes, the cadence); the :class:`~.downlink.pacing.DownlinkTraffic`
+(answers, charges, pacing); the :class:`~.refusals.Refusals`. :class:`~.view.EngineView`
+is what readers see. The step rules are in docs/algorithm.md, the path of one round
+through these modules in docs/architecture.md. Bad messages are counted by reason
 (:data:`REJECT_REASONS`), logged once per reason and dropped: :meth:`RoundEngine.handle`
 never raises and validates fully before it changes anything.
 """
@@ -35,10 +33,7 @@ from aggregator.engine.accounting import Pricer, ProfileLookup, Tally
 from aggregator.engine.admission import REJECT_REASONS, Decoded, Reject
 from aggregator.engine.closing import Closing
 from aggregator.engine.downlink.outbound import Outbound, reset_message
-from aggregator.engine.downlink.pacing import (
-    DownlinkTraffic,
-    Published,
-)
+from aggregator.engine.downlink.pacing import DownlinkTraffic, Published
 from aggregator.engine.intake import Admit, Answer, Refresh, Rejoin, UpdateIntake
 from aggregator.engine.lifecycle import ControlCmd, Lifecycle
 from aggregator.engine.model import JobModel
