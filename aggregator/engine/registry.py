@@ -1,5 +1,6 @@
-"""The agents of one job: their records (:class:`~aggregator.engine.types.AgentInfo`), their
-presence and liveness, and which of them a sync round counts.
+"""The agents of one job: their records (:class:`~aggregator.engine.types.AgentInfo`), the
+hellos, status messages and requests that change them, their presence and liveness, and
+which of them a sync round counts.
 
 :class:`AgentRegistry` is the only writer of an agent's record: every change goes through
 one of its methods, and it exports and restores the records itself (the checkpoint's
