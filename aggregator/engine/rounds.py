@@ -80,7 +80,7 @@ class RoundEngine(EngineView):
     ) -> None:
         self.config = config
         self._pricer = Pricer(profiles)
-        #: x, the family, EF21 states, keys, guard, broadcast (read it; it changes itself)
+        #: x, the family, EF21 states, the guard, the broadcast (read it; it changes itself)
         self.model = JobModel(config, x0, self._pricer, evaluator)
         #: the model version, rounds committed, the last record, accepted updates, totals
         self.tally = Tally()
