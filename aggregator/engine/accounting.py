@@ -1,5 +1,6 @@
 """What accepted updates cost: :class:`Spend` totals, the per-agent sums of one round
-(:class:`RoundCosts`), the record of a committed version (:class:`RoundRecord`), and the
+(:class:`RoundCosts`), the record of a committed version (:class:`RoundRecord`), the
+:class:`Tally` of a job (its model version, accepted updates and their totals), and the
 :class:`Pricer` that prices an update on its sender's cost profile.
 
 Every update is priced twice on the same profile: as sent, and as the dense float32 update
@@ -196,6 +197,52 @@ class RoundRecord:
             loss=None if data.get("loss") is None else float(data["loss"]),
             accuracy=None if data.get("accuracy") is None else float(data["accuracy"]),
         )
+
+
+class Tally:
+    """What a job has done: the model ``version`` (versions committed), the ``rounds``
+    committed, the ``last_record``, the updates ``accepted`` and their ``totals``. The only
+    writer of these counters (read them; :meth:`accepted_update` and :meth:`committed`
+    change them); it exports and restores them itself (the checkpoint's ``version``,
+    ``accepted``, ``rounds``, ``totals`` and ``last_record``)."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.rounds = 0
+        self.accepted = 0
+        self.totals = Spend()
+        self.last_record: RoundRecord | None = None
+
+    def accepted_update(self, spend: Spend) -> None:
+        """An update costing ``spend`` was accepted."""
+        self.accepted += 1
+        self.totals.add(spend)
+
+    def committed(self, record: RoundRecord) -> None:
+        """The version of ``record`` was committed."""
+        self.version = record.version
+        self.rounds += 1
+        self.last_record = record
+
+    def export(self) -> dict[str, Any]:
+        """The checkpoint's keys of the tally."""
+        last = self.last_record
+        return {
+            "version": self.version,
+            "accepted": self.accepted,
+            "rounds": self.rounds,
+            "totals": self.totals.to_dict(),
+            "last_record": None if last is None else last.to_dict(),
+        }
+
+    def restore(self, meta: dict[str, Any]) -> None:
+        """Load :meth:`export` (from a checkpoint's meta)."""
+        self.version = int(meta["version"])
+        self.accepted = int(meta["accepted"])
+        self.rounds = int(meta["rounds"])
+        self.totals = Spend.from_dict(meta["totals"])
+        rec = meta["last_record"]
+        self.last_record = None if rec is None else RoundRecord.from_dict(rec)
 
 
 def uvarint_len(n: int) -> int:

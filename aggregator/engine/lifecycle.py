@@ -45,10 +45,18 @@ class Lifecycle:
         self._state, self._finish_reason = "finished", reason
         log.info("job %s finished at version %d: %s", self.job, version, reason)
 
-    def control(self, cmd: ControlCmd, version: int) -> bool:
-        """Apply an operator command; return whether the state changed. A finished job only
-        resumes when an older version finished it as diverged (it kept its last finite
-        model), and then paused (the resume below runs it)."""
+    def control(self, cmd: ControlCmd, version: int) -> Outbound | None:
+        """Apply an operator command at model ``version``; return the control message to
+        broadcast (None: the state did not change). A finished job only resumes when an
+        older version finished it as diverged (it kept its last finite model), and then
+        paused (the resume below runs it)."""
+        if not self._apply(cmd, version):
+            return None
+        reason = self._finish_reason if cmd == "stop" else ""
+        ctl = messages.Control(cmd=cmd, version=version, reason=reason)
+        return control_message(self.job, ctl)
+
+    def _apply(self, cmd: ControlCmd, version: int) -> bool:
         if self._state == "finished":
             if cmd != "resume" or not self._finish_reason.startswith("diverged"):
                 return False
@@ -64,6 +72,11 @@ class Lifecycle:
         else:
             self.finish("stopped by operator", version)
         return True
+
+    def resync(self, version: int) -> Outbound:
+        """Control ``resync``: the aggregator (re)started at ``version``."""
+        ctl = messages.Control(cmd="resync", version=version, reason="aggregator started")
+        return control_message(self.job, ctl)
 
     def controls(self, version: int) -> list[Outbound]:
         """The pause or stop agents must see now (none while waiting or running)."""

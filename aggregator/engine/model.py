@@ -1,20 +1,19 @@
 """The model one job serves and the state its steps need: ``x``, the update family, the
-EF21 mirror (:mod:`edge_agent.numerics.aggregation`), the de-duplication keys, the update
-guard and the broadcast of each new version. :class:`JobModel` is the only writer of that
-state; it exports and restores it itself (the checkpoint's ``x``, ``h``, ``sum_h``,
-``seen`` arrays and its ``family``, ``downlink`` and ``guard`` meta)."""
+EF21 mirror (:mod:`edge_agent.numerics.aggregation`), the update guard and the broadcast of
+each new version. :class:`JobModel` is the only writer of that state; it exports and
+restores it itself (the checkpoint's ``x``, ``h``, ``sum_h`` arrays and its ``family``,
+``downlink`` and ``guard`` meta)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
 from aggregator.engine import stepsize
 from aggregator.engine.accounting import Pricer
-from aggregator.engine.dedupe import SeenKeys
 from aggregator.engine.downlink.broadcast import Broadcast
 from aggregator.engine.downlink.outbound import Outbound
 from aggregator.engine.guard import UpdateGuard
@@ -52,7 +51,6 @@ class JobModel:
         self._failed = False  # an evaluation failed (logged once)
         self._pricer = pricer
         self._ef21 = EF21Mirror(d)
-        self._seen = SeenKeys()
         self._guard = UpdateGuard(config.limits)
         self._gamma: float | None = None  # cached step size (hellos change it)
         mode = downlink(config.aggregation, config.downlink)
@@ -65,11 +63,6 @@ class JobModel:
     def mirror(self) -> EF21Mirror:
         """The EF21 states (read them only)."""
         return self._ef21
-
-    @property
-    def seen_keys(self) -> SeenKeys:
-        """The de-duplication keys (read them only)."""
-        return self._seen
 
     @property
     def broadcast_model(self) -> FloatArray:
@@ -89,10 +82,6 @@ class JobModel:
                 self._gamma = stepsize.gamma(list(hellos), cfg.step_rule, cfg.limits, factor)
             base = self._gamma
         return stepsize.scheduled(base, version, cfg.schedule_l2, cfg.schedule_t0)
-
-    def seen(self, agent: str, header: wire.UpdateHeader) -> bool:
-        """Whether this (agent, round, seq) was applied already."""
-        return self._seen.contains(agent, header.round, header.seq)
 
     def snapshot(self, version: int) -> Outbound:
         """The retained state snapshot of ``x`` at ``version``."""
@@ -151,7 +140,6 @@ class JobModel:
     def apply(
         self,
         agent: str,
-        index: int,
         header: wire.UpdateHeader,
         update: Update,
         blob: bytes,
@@ -160,9 +148,8 @@ class JobModel:
         weight: float,
         norms: tuple[float, float],
     ) -> None:
-        """An admitted update: its key, the EF21 state it changes, what the broadcast
-        replays, and the guard's bounds (``norms`` from :meth:`check`)."""
-        self._seen.add(agent, index, header.round, header.seq)
+        """An admitted update: the EF21 state it changes, what the broadcast replays, and
+        the guard's bounds (``norms`` from :meth:`check`)."""
         ef21 = header.semantics == "ef21"
         if ef21:
             self._ef21.apply(agent, update)
@@ -171,14 +158,13 @@ class JobModel:
             self._down.add(blob, header.t, weight)
         self._guard.accepted(agent, *norms, ef21=ef21, weight=weight)
 
-    def reset_agent(self, agent: str, index: int) -> None:
-        """Drop ``agent``'s EF21 state and forget its de-duplication keys."""
+    def reset_agent(self, agent: str) -> None:
+        """Drop ``agent``'s EF21 state (none: nothing)."""
         h = self._ef21.h.get(agent)
         self._ef21.reset_agent(agent)
         if h is not None:
             self._guard.state_dropped(h)
             self._down.drop_state(h, none_left=not self._ef21.h)
-        self._seen.forget(agent, index)
 
     def step(self, round: OpenRound, gamma: float) -> tuple[StepResult, float]:
         """Step ``x`` in place with the open round's state (docs/algorithm.md); returns what
@@ -230,20 +216,11 @@ class JobModel:
     def round_dropped(self) -> None:
         self._guard.round_dropped()
 
-    def renumber(self, new_index: list[int]) -> None:
-        """The registry forgot agents (unproven ones: they hold no key); see
-        :meth:`aggregator.engine.dedupe.SeenKeys.renumber`."""
-        self._seen.renumber(new_index)
-
-    def prune(self, version: int) -> None:
-        """Forget the keys older than the de-duplication window."""
-        self._seen.prune(version - self.config.dedupe_window)
-
     # ------------------------------------------------------------------ persistence
 
     def export(self) -> dict[str, Any]:
-        """The arrays of :class:`EngineSnapshot` (but ``acc``) and the meta keys ``family``,
-        ``downlink`` and ``guard``."""
+        """The arrays of :class:`EngineSnapshot` (but ``acc`` and ``seen``) and the meta keys
+        ``family``, ``downlink`` and ``guard``."""
         h_agents, h, sum_h = self._ef21.export()
         return {
             "arrays": {
@@ -251,7 +228,6 @@ class JobModel:
                 "h_agents": h_agents,
                 "h": h,
                 "sum_h": sum_h,
-                "seen": self._seen.rows(),
             },
             "meta": {
                 "family": self.family,
@@ -262,14 +238,13 @@ class JobModel:
             },
         }
 
-    def restore(self, snap: EngineSnapshot, agents: Sequence[str]) -> None:
-        """Load a checkpoint (``agents``: the registry's ids in order; raises ValueError)."""
+    def restore(self, snap: EngineSnapshot) -> None:
+        """Load a checkpoint (raises ValueError)."""
         meta = snap.meta
         self.x = np.array(snap.x, dtype=np.float64)
         self.family = meta["family"]
         self.loss, self.accuracy = meta["loss"], meta["accuracy"]
         self._ef21 = EF21Mirror.restore(self.config.d, snap.h_agents, snap.h, snap.sum_h)
-        self._seen = SeenKeys.restore(snap.seen, agents)
         self._down.restore(meta.get("downlink"))
         self._guard.restore(meta.get("guard"))  # None in a checkpoint from before the guard
         self._guard.sync(self.x, snap.acc, self._ef21)

@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable, KeysView
 from typing import Any
 
-from aggregator.engine.accounting import RoundCosts, Spend
+from aggregator.engine.accounting import RoundCosts, RoundRecord, Spend
 from aggregator.engine.admission import Reject
 from aggregator.engine.registry import Participation
 from aggregator.engine.robust_round import (
@@ -150,6 +150,28 @@ class OpenRound:
         if now >= opened + config.round_deadline_s and len(self) >= quorum(counted.quorum_base):
             return "deadline"
         return None
+
+    def record(
+        self, version: int, base: int, now: float, reason: str, gamma: float,
+        loss: float | None, accuracy: float | None,
+    ) -> RoundRecord:  # fmt: skip
+        """The record of this round, committed at ``now`` as ``version`` (stepped from
+        ``base`` with ``gamma``; the new model's ``loss`` and ``accuracy``); it keeps the
+        round's costs object."""
+        opened = self._opened_at
+        return RoundRecord(
+            version=version,
+            base_version=base,
+            opened_at=now if opened is None else opened,
+            closed_at=now,
+            reason=reason,
+            gamma=gamma,
+            participants=tuple(sorted(self._contrib)),
+            agents=self._costs.agents,
+            spend=self._costs.spend,
+            loss=loss,
+            accuracy=accuracy,
+        )
 
     # ------------------------------------------------------------------ changes
 

@@ -1,4 +1,10 @@
-"""Telling an agent that its hello or update was refused, and what the job is.
+"""What the engine refused, and telling an agent that its hello or update was.
+
+:class:`Refusals` is the only owner of the rejection counters (one per reason of
+:data:`~aggregator.engine.admission.REJECT_REASONS`, ``/status`` ``rejected``; it exports
+and restores them itself, the checkpoint's ``rejected``): every refused message is counted
+there (:meth:`Refusals.refuse`), logged once per reason, and answered when it concerns
+the sender.
 
 The refusal: control ``refused``, rate-limited.
 
@@ -23,9 +29,12 @@ leaves the record once a hello of its is accepted. In memory only.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
+from aggregator.engine.admission import REJECT_REASONS
 from aggregator.engine.downlink.outbound import Outbound, addressed, control_message
 from aggregator.engine.types import EngineConfig
 from edge_agent.numerics.compressors import COMPRESSOR_IDS
@@ -51,6 +60,8 @@ _DETAIL_CHARS: Final = 300
 RECORDED_REASONS: Final[frozenset[str]] = REFUSED_REASONS | {"too_many_agents"}
 #: distinct agents the record keeps (the most recently refused)
 MAX_REFUSED_AGENTS: Final = 100
+
+log = logging.getLogger("aggregator.engine.rounds")
 
 
 def job_info(config: EngineConfig) -> Outbound | None:
@@ -106,7 +117,8 @@ class RefusedAgents:
 
 
 class Refusals:
-    """The rate limiter and the message. Pure: the caller passes ``now`` (seconds)."""
+    """The rejection counters, the rate limiter and the message. Pure: the caller passes
+    ``now`` (seconds)."""
 
     def __init__(
         self,
@@ -121,6 +133,31 @@ class Refusals:
         self.announce = announce
         self.refused_agents = RefusedAgents()
         self._told_at: dict[tuple[str, str], float] = {}
+        #: refused messages by reason (every reason of REJECT_REASONS, zeros included)
+        self.counts: dict[str, int] = dict.fromkeys(REJECT_REASONS, 0)
+        self._logged: set[str] = set()  # reasons logged already
+
+    def refuse(
+        self, reason: str, detail: str, agent: str | None, now: float | None, version: int
+    ) -> tuple[Outbound, ...]:
+        """Count a refused message (logged once per reason); with ``agent`` and ``now`` (a
+        hello or update of ``agent``), what to tell it (:meth:`answer`), else nothing."""
+        self.counts[reason] = self.counts.get(reason, 0) + 1
+        if reason not in self._logged:
+            self._logged.add(reason)
+            log.warning("rejected a message: %s%s (logged once per reason)", reason,
+                        f" ({detail})" if detail else "")  # fmt: skip
+        if agent is None or now is None:
+            return ()
+        return self.answer(agent, reason, detail, now, version)
+
+    def export(self) -> dict[str, int]:
+        """The checkpoint's ``rejected``: the counters."""
+        return dict(self.counts)
+
+    def restore(self, counts: Mapping[str, int]) -> None:
+        """Load :meth:`export` (reasons added since count from zero)."""
+        self.counts = {**dict.fromkeys(REJECT_REASONS, 0), **counts}
 
     def answer(
         self, agent: str, reason: str, detail: str, now: float, version: int

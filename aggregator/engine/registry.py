@@ -1,10 +1,16 @@
-"""The agents of one job: their records (:class:`~aggregator.engine.types.AgentInfo`), their
-presence and liveness, and which of them a sync round counts.
+"""The agents of one job: their records (:class:`~aggregator.engine.types.AgentInfo`), the
+hellos, status messages and requests that change them, their presence and liveness, and
+which of them a sync round counts.
 
 :class:`AgentRegistry` is the only writer of an agent's record: every change goes through
 one of its methods, and it exports and restores the records itself (the checkpoint's
 ``agents`` list, in registration order; an agent's position there is its index in the
 de-duplication keys).
+
+**Messages.** A hello, a status message and a request change the sender's record only:
+the registry checks them against it (:meth:`AgentRegistry.check_hello` changes nothing;
+:meth:`AgentRegistry.on_status` and :meth:`AgentRegistry.on_request` validate fully, then
+apply), the engine opens the MAC envelope before and answers after.
 
 **Presence.** A status that changes nothing is not journalled (an agent, or a hostile
 client, re-announcing the state it already has must not grow the disk). "Nothing" must
@@ -58,11 +64,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from aggregator.engine import admission
 from aggregator.engine.accounting import Spend
 from aggregator.engine.admission import Reject, check_capacity, check_counter
-from aggregator.engine.types import AgentInfo
+from aggregator.engine.types import AgentInfo, EngineConfig
 from edge_agent.links.cost import Cost
 from edge_agent.protocol import messages
+from edge_agent.protocol.downlink import Family
 
 log = logging.getLogger("aggregator.engine")
 
@@ -160,6 +168,10 @@ class AgentRegistry:
         """Whether no agent but ``agent`` is registered."""
         return all(a == agent for a in self._agents)
 
+    def hellos(self) -> Iterator[messages.Hello]:
+        """Every agent's last accepted hello, in registration order."""
+        return (a.hello for a in self._agents.values())
+
     def live(self) -> list[AgentInfo]:
         return [a for a in self._agents.values() if a.live]
 
@@ -180,7 +192,60 @@ class AgentRegistry:
         """Contributions a sync round needs at its deadline (see the module doc)."""
         return max(min_agents, math.ceil(fraction * base))
 
+    def check_hello(
+        self, agent: str, text: bytes, *, signed: bool, config: EngineConfig,
+        family: Family | None,
+    ) -> messages.Hello:  # fmt: skip
+        """The hello ``text`` of ``agent`` if the job takes it (raises Reject): it fits the
+        job (:func:`~aggregator.engine.admission.check_hello`), it claims nothing its last
+        hello did not, and when ``signed`` its counter increases. Changes nothing."""
+        cfg = config
+        hello = admission.check_hello(text, agent=agent, job=cfg.job, d=cfg.d, model=cfg.model,
+                                      family=family, alone=self.only(agent),
+                                      fixed_step=cfg.step_size is not None, limits=cfg.limits,
+                                      feedback=cfg.feedback)  # fmt: skip
+        known = self._agents.get(agent)
+        admission.check_claims(hello, None if known is None else known.hello)
+        self.check_signed(agent, hello.ctr, signed=signed, kind="hello")
+        return hello
+
     # ------------------------------------------------------------------ changes
+
+    def welcome(
+        self, agent: str, hello: messages.Hello, now: float, version: int, *, signed: bool,
+        seq_floor: int,
+    ) -> None:  # fmt: skip
+        """Apply a hello :meth:`check_hello` accepted: a fresh one of a known agent ends
+        its wait for a reset (the caller dropped its state); it joins or renews its hello
+        (:meth:`join`); a ``signed`` one keeps its counters and raises its seq floor to at
+        least ``seq_floor`` (:meth:`signed_hello`)."""
+        if hello.fresh and agent in self._agents:
+            self.set_needs_reset(agent, False)
+        self.join(agent, hello, now, version)
+        if signed:  # replays of its earlier updates stay refused (docs/wire-format.md 11.1)
+            self.signed_hello(agent, hello, seq_floor)
+
+    def on_status(self, agent: str, text: bytes, now: float, *, signed: bool) -> bool:
+        """Apply the status message ``text`` of ``agent`` (raises Reject first if it is
+        refused); return whether it must be journalled: it changed the record, or it was
+        ``signed`` (its counter is kept). A repeat changes nothing (see the module doc)."""
+        status = admission.check_status(text, agent=agent)
+        off = status.state == "offline"
+        will = self.check_signed(agent, status.ctr, signed=signed, kind="status", offline=off)
+        changed = self.status(agent, status.state, now)
+        self.signed(agent, status.ctr if signed else None, will=will)
+        return changed or signed
+
+    def on_request(self, agent: str, text: bytes, now: float, *, signed: bool) -> messages.Request:
+        """Apply the request ``text`` of ``agent`` (it is seen; raises Reject first, also
+        ``unknown_agent`` before its hello: no answer per invented id) and return it."""
+        req = admission.check_request(text)
+        if agent not in self._agents:
+            raise Reject("unknown_agent", f"{agent} sent a request before its hello")
+        self.check_signed(agent, req.ctr, signed=signed, kind="request")
+        self.seen(agent, now)
+        self.signed(agent, req.ctr if signed else None)
+        return req
 
     def join(self, agent: str, hello: messages.Hello, now: float, version: int) -> bool:
         """Register ``agent`` (a hello; raises ``too_many_agents`` beyond the cap) or renew

@@ -1,24 +1,22 @@
-"""The round engine: quorum, model stepping and EF21 state for one job.
+"""The round engine of one job: the composition of its parts.
 
 :class:`RoundEngine` is *pure*: no I/O, no threads, no clock reads (every entry point takes
 ``now``, seconds on any clock that survives restarts, e.g. ``time.time()``). The service
 (:mod:`aggregator.service.ingest`) and the simulator drive the same class; the service
-persists what the engine returns *before* it publishes anything (see :class:`Effects`). It
-composes the parts of :mod:`aggregator.engine`, each the only owner of its state, which it
-changes through its own methods and exports and restores itself: the job's
-:class:`~.lifecycle.Lifecycle`, the :class:`~.registry.AgentRegistry` (records, presence,
-participation) and :class:`~.cadence.Cadence` (whose duty cycle a round excuses), the
-:class:`~.openround.OpenRound`, the downlink (:class:`~.downlink.broadcast.Broadcast`,
-:class:`~.downlink.pacing.DownlinkTraffic`), the update guard and the de-duplication keys;
-the engine owns the model (``x``, ``version``, the family and the EF21 mirror of
-:mod:`edge_agent.numerics.aggregation`) and the counters.
+persists what the engine returns *before* it publishes anything (see :class:`Effects`).
 
-An update is validated (it fits the job and its sender's hello), admitted (duplicate,
-stale, paused? does it enter this round's step?), then recorded. The step rules (``gamma``,
-the mean and EF21 steps, sync and async modes, quorum and deadline) are in
-docs/algorithm.md; the path of one round through these modules in docs/architecture.md.
-Every version is broadcast so agents hold the model the aggregator serves; the job stops
-at ``max_rounds`` or ``target_loss``. Bad messages are counted by reason
+It holds no state of its own. Each part owns its state, changes it through its own methods
+and exports and restores it itself (a checkpoint is their composition); the engine hands
+each input to the parts and applies what they decide: the :class:`~.lifecycle.Lifecycle`
+and the :class:`~.accounting.Tally` (version, counters); the :class:`~.registry.AgentRegistry`
+(records; it checks and applies hellos, status messages and requests); the
+:class:`~.intake.UpdateIntake` (the de-duplication keys; its verdict on each update); the
+:class:`~.model.JobModel` (``x``, the EF21 mirror, the guard, the broadcast); the
+:class:`~.openround.OpenRound` and the :class:`~.closing.Closing` policy (who a round
+counts, why it closes, the cadence); the :class:`~.downlink.pacing.DownlinkTraffic`
+(answers, charges, pacing); the :class:`~.refusals.Refusals`. :class:`~.view.EngineView`
+is what readers see. The step rules are in docs/algorithm.md, the path of one round
+through these modules in docs/architecture.md. Bad messages are counted by reason
 (:data:`REJECT_REASONS`), logged once per reason and dropped: :meth:`RoundEngine.handle`
 never raises and validates fully before it changes anything.
 """
@@ -26,42 +24,33 @@ never raises and validates fully before it changes anything.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Final
+from typing import Final
 
 from aggregator.engine import admission
-from aggregator.engine.accounting import Pricer, ProfileLookup, RoundRecord, Spend
+from aggregator.engine.accounting import Pricer, ProfileLookup, Tally
 from aggregator.engine.admission import REJECT_REASONS, Decoded, Reject
-from aggregator.engine.cadence import Cadence
-from aggregator.engine.downlink.outbound import Outbound, addressed, control_message
-from aggregator.engine.downlink.pacing import (
-    DownlinkTraffic,
-    Hold,
-    Published,
-    charges,
-    decode_charges,
-    encode_charges,
-)
+from aggregator.engine.closing import Closing
+from aggregator.engine.downlink.outbound import Outbound, reset_message
+from aggregator.engine.downlink.pacing import DownlinkTraffic, Published
+from aggregator.engine.intake import Admit, Answer, Refresh, Rejoin, UpdateIntake
 from aggregator.engine.lifecycle import ControlCmd, Lifecycle
 from aggregator.engine.model import JobModel
 from aggregator.engine.openround import OpenRound
 from aggregator.engine.refusals import Refusals, job_info
-from aggregator.engine.registry import AgentRegistry, Participation
+from aggregator.engine.registry import AgentRegistry
 from aggregator.engine.types import (
     STATE_FORMAT,
     AgentInfo,
     Effects,
     EngineConfig,
     EngineSnapshot,
-    EngineStateName,
     Evaluator,
     FloatArray,
 )
-from edge_agent.links.cost import Cost
-from edge_agent.numerics.compressors import Update
-from edge_agent.protocol import messages, wire
-from edge_agent.protocol.downlink import Family, semantics_family
+from aggregator.engine.view import EngineView
+from edge_agent.protocol.downlink import semantics_family
 
 __all__ = ["REJECT_REASONS", "AgentInfo", "Decoded", "Effects", "EngineConfig",
            "EngineSnapshot", "Evaluator", "FloatArray", "RoundEngine"]  # fmt: skip
@@ -72,11 +61,8 @@ log = logging.getLogger("aggregator.engine.rounds")
 _NOTHING: Final = Effects()
 _JOURNAL_ONLY: Final = Effects(journal=True)
 
-#: an admitted update: does it enter this round's step, and with what weight
-_Admission = tuple[bool, float]
 
-
-class RoundEngine:
+class RoundEngine(EngineView):
     """Round logic for one job. Not thread-safe: the caller serialises calls.
 
     ``evaluator(x) -> (loss, accuracy or None)`` is called once per new version (and once
@@ -94,14 +80,10 @@ class RoundEngine:
     ) -> None:
         self.config = config
         self._pricer = Pricer(profiles)
-        #: x, the family, EF21 states, keys, guard, broadcast (read it; it changes itself)
+        #: x, the family, EF21 states, the guard, the broadcast (read it; it changes itself)
         self.model = JobModel(config, x0, self._pricer, evaluator)
-        self.version = 0
-        self.accepted = 0
-        self.rejected: dict[str, int] = dict.fromkeys(REJECT_REASONS, 0)
-        self.rounds = 0
-        self.totals = Spend()
-        self.last_record: RoundRecord | None = None
+        #: the model version, rounds committed, the last record, accepted updates, totals
+        self.tally = Tally()
         self.lifecycle = Lifecycle(config.job)
         self.registry = AgentRegistry(
             liveness_timeout_s=config.liveness_timeout_s,
@@ -109,98 +91,19 @@ class RoundEngine:
             window=config.participation_window,
             unproven_ttl_s=config.unproven_ttl_s,
         )
-        self.cadence = Cadence(self._pricer, config)  # duty cycles: who a round excuses
         #: the open round (read it only: its methods are for the engine)
         self.round_state = OpenRound(config.d, config.aggregation)
-        self._logged: set[str] = set()
-        self.refusals = Refusals(config.job, announce=job_info(config))  # rate-limited
+        #: who a round counts, why it closes, when the job is done (and the members' cadence)
+        self.closing = Closing(config, self._pricer, registry=self.registry, round=self.round_state)
+        #: rejections by reason, and what the refused agents are told (rate-limited)
+        self.refusals = Refusals(config.job, announce=job_info(config))
         self._topics = admission.TopicParser(config.job)
         #: answers, downlink accounts and pacing, published counters
         self.traffic = DownlinkTraffic(config.job, self._pricer, pacing=config.downlink_pacing)
+        #: the de-duplication keys and what becomes of each update (verdicts the engine applies)
+        self.intake = UpdateIntake(config, model=self.model, registry=self.registry,
+                                   round=self.round_state, traffic=self.traffic)  # fmt: skip
         self.model.evaluate()
-
-    # ------------------------------------------------------------------ views
-
-    @property
-    def x(self) -> FloatArray:
-        """The model (the array the engine steps in place)."""
-        return self.model.x
-
-    @property
-    def family(self) -> Family | None:
-        return self.model.family
-
-    @property
-    def loss(self) -> float | None:
-        return self.model.loss
-
-    @property
-    def accuracy(self) -> float | None:
-        return self.model.accuracy
-
-    @property
-    def state(self) -> EngineStateName:
-        return self.lifecycle.state
-
-    @property
-    def finish_reason(self) -> str:
-        return self.lifecycle.finish_reason
-
-    @property
-    def agents(self) -> Mapping[str, AgentInfo]:
-        """Every agent's record (read-only: :class:`AgentRegistry` changes them)."""
-        return self.registry.records
-
-    @property
-    def live_agents(self) -> int:
-        return self.registry.live_count
-
-    @property
-    def totals_down(self) -> Cost:
-        """What the agents received, summed over agents."""
-        return self.traffic.totals_down
-
-    @property
-    def next_version_at(self) -> float:
-        """Downlink pacing: no version closes before this time."""
-        return self.traffic.next_version_at
-
-    @property
-    def h(self) -> dict[str, FloatArray]:
-        """EF21: each agent's state h_i (live view of the mirror)."""
-        return self.model.mirror.h
-
-    @property
-    def sum_h(self) -> FloatArray | None:
-        """EF21: the sum of every h_i (None before the first change arrived)."""
-        return self.model.mirror.sum_h
-
-    @property
-    def broadcast_model(self) -> FloatArray:
-        """The model the agents hold: ``x``, or the compressed downlink's ``w``."""
-        return self.model.broadcast_model
-
-    @property
-    def open_round(self) -> dict[str, Any]:
-        """Participants and age of the open round (for the status API)."""
-        return self.round_state.summary()
-
-    def gamma(self) -> float:
-        """The step size: configured, else 1/L with L from the hellos' L_i under
-        ``step_rule`` (:mod:`aggregator.engine.stepsize`; times ``ef21_step_factor`` in an EF21
-        job). A job with ``dir`` agents steps exactly 1/L: they are family *mean* (factor
-        1), and admission refuses them when a step size is configured."""
-        return self.model.gamma((a.hello for a in self.registry), self.version)
-
-    def counted(self, now: float | None = None) -> Participation:
-        """Who the open sync round counts at ``now`` (:mod:`aggregator.engine.cadence`)."""
-        return self.cadence.counted(self.registry, self.round_state, self.version, now, self.family)
-
-    def quorum(self, base: int | None = None) -> int:
-        """Contributions a sync round needs at its deadline: a fraction of the agents that
-        take part (:mod:`aggregator.engine.registry`), at least ``quorum_min_agents``."""
-        n = self.counted().quorum_base if base is None else base
-        return self.registry.quorum(n, self.config.quorum_min_agents, self.config.quorum_fraction)
 
     # ------------------------------------------------------------------ inputs
 
@@ -248,59 +151,44 @@ class RoundEngine:
         reproduces the state exactly (ticks that change nothing need not be stored).
         """
         changed = bool(self.registry.expire(now))
-        changed = self.registry.forget_unproven(now, self.model.renumber) or changed
+        changed = self.registry.forget_unproven(now, self.intake.renumber) or changed
         if self.state == "waiting":
             changed = self._maybe_start(now) or changed
         closed = self._maybe_close(now)
         if changed or closed.committed is not None or closed.changed or closed.journal:
-            return Effects(
-                outbound=closed.outbound,
-                committed=closed.committed,
-                journal=True,
-                changed=closed.changed,
-            )
+            return replace(closed, journal=True)  # closing refuses nothing: no reason
         return closed
 
     def control(self, cmd: ControlCmd, now: float) -> Effects:
         """Operator command. Returns the control message to broadcast (``changed``: checkpoint)."""
-        if not self.lifecycle.control(cmd, self.version):
+        told = self.lifecycle.control(cmd, self.version)
+        if told is None:
             return Effects()
         if cmd == "resume":
             self.round_state.restart_deadline(now)  # the deadline restarts after a pause
-        reason = self.finish_reason if cmd == "stop" else ""
-        ctl = messages.Control(cmd=cmd, version=self.version, reason=reason)
         settled = self.model.settle(self.version) if cmd == "stop" else None  # copies = x
-        out = [*([settled] if settled else []), control_message(self.config.job, ctl)]
+        out = [*([settled] if settled else []), told]
         more = self._maybe_close(now) if cmd == "resume" else Effects()
         return Effects(outbound=(*out, *more.outbound), committed=more.committed, changed=True)
 
     def charge_downlink(self, outbound: Sequence[Published], now: float | None = None) -> bytes:
-        """Account what agents receive and count what is published, by kind: the caller
-        passes exactly what it publishes (after merging), and the time it does. A job-wide
+        """Account what agents receive and count what is published, by kind: a job-wide
         message costs every live agent, one addressed to an agent (``target``) that agent
         only; with pacing on, the next version waits until their links are free again.
-
-        The charge is an engine *input*: it changes downlink accounts and pacing, which
-        decide when the next version closes. It returns its journal form, which the service
-        journals with ``now`` before it publishes, and :meth:`replay_charge` re-applies
-        (the module doc of :mod:`aggregator.engine.downlink.pacing` says why).
-        """
-        self.traffic.count(outbound)
-        items = charges(outbound)
-        self.traffic.charge(items, now, self.registry)
-        return encode_charges(items)
+        Returns the journal form :meth:`replay_charge` re-applies
+        (:meth:`~aggregator.engine.downlink.pacing.DownlinkTraffic.charge_published`)."""
+        return self.traffic.charge_published(outbound, now, self.registry)
 
     def replay_charge(self, blob: bytes, now: float) -> None:
         """Re-apply a journalled :meth:`charge_downlink` (not counted again as published:
         those counters are this process's). Raises ValueError for a malformed blob."""
-        self.traffic.charge(decode_charges(blob), now, self.registry)
+        self.traffic.replay(blob, now, self.registry)
 
     # ------------------------------------------------------------------ outbound
 
     def resync_message(self) -> Outbound:
         """Control ``resync``: the aggregator (re)started at this version."""
-        ctl = messages.Control(cmd="resync", version=self.version, reason="aggregator started")
-        return control_message(self.config.job, ctl)
+        return self.lifecycle.resync(self.version)
 
     def snapshot_message(self) -> Outbound:
         """The model agents hold (and for EF21 jobs replicated exactly, the aggregate h
@@ -322,81 +210,53 @@ class RoundEngine:
         extra = self.state_controls(settings=False) if controls else ()
         return self.traffic.answer(agent, steps, self.snapshot_message, now, extra)
 
-    def _reset_message(self, agent: str) -> Outbound:
-        ctl = messages.Control(cmd="reset", agent=agent, version=self.version)
-        return addressed(control_message(self.config.job, ctl), self.config.job, agent)
-
     # ------------------------------------------------------------------ messages
 
+    def _open(self, kind: str, agent: str, blob: bytes) -> tuple[bytes, bool]:
+        """The JSON of a hello, status or request, and whether it was signed (raises)."""
+        return self.config.mac.open_json(kind, self.config.job, agent, blob)
+
     def _on_hello(self, agent: str, blob: bytes, now: float) -> Effects:
-        cfg = self.config
-        text, signed = cfg.mac.open_json("hello", cfg.job, agent, blob)
-        hello = admission.check_hello(text, agent=agent, job=cfg.job, d=cfg.d, model=cfg.model,
-                                      family=self.family, alone=self.registry.only(agent),
-                                      fixed_step=cfg.step_size is not None, limits=cfg.limits,
-                                      feedback=cfg.feedback)  # fmt: skip
-        known = self.registry.get(agent)
-        admission.check_claims(hello, None if known is None else known.hello)
-        self.registry.check_signed(agent, hello.ctr, signed=signed, kind="hello")
-        self.refusals.refused_agents.forget(agent)
+        text, signed = self._open("hello", agent, blob)
+        hello = self.registry.check_hello(agent, text, signed=signed, config=self.config,
+                                          family=self.family)  # fmt: skip
         # --- apply
+        self.refusals.refused_agents.forget(agent)
         self.model.hellos_changed()
-        high = self.model.seen_keys.highest(agent)  # a fresh hello forgets the keys
-        if known is not None and hello.fresh:
-            self.model.reset_agent(agent, self.registry.index(agent))
-            self.registry.set_needs_reset(agent, False)
-        self.registry.join(agent, hello, now, self.version)
-        if signed:  # replays of its earlier updates stay refused (docs/wire-format.md 11.1)
-            self.registry.signed_hello(agent, hello, -1 if high is None else high + 1)
-        self.cadence.heard(agent, hello.profile, len(blob), now)
+        high = self.intake.highest(agent)  # a fresh hello forgets the keys
+        if hello.fresh and self.registry.get(agent) is not None:
+            self._forget(agent)
+        floor = -1 if high is None else high + 1
+        self.registry.welcome(agent, hello, now, self.version, signed=signed, seq_floor=floor)
+        self.closing.heard(agent, hello.profile, len(blob), now)
         if self.model.set_family(semantics_family(hello.semantics)):
-            self.model.reset_agent(
-                agent, self.registry.index(agent)
-            )  # the only agent switched semantics
+            self._forget(agent)  # the only agent switched semantics
         out: list[Outbound] = []
         if hello.version is not None and hello.version != self.version:
             out.extend(self._answer(agent, hello.version, now, controls=False))
         out.extend(self.traffic.to(agent, self.state_controls()))
         if self.agents[agent].needs_reset:
-            out.append(self._reset_message(agent))
+            out.append(self._rejoin(agent, drop=False))  # still waiting for a fresh hello
         if self.state == "waiting":
             self._maybe_start(now)
         return Effects(outbound=tuple(out), journal=True)
 
     def _on_status(self, agent: str, blob: bytes, now: float) -> Effects:
-        text, signed = self.config.mac.open_json("status", self.config.job, agent, blob)
-        status = admission.check_status(text, agent=agent)
-        off = status.state == "offline"
-        will = self.registry.check_signed(agent, status.ctr, signed=signed, kind="status",
-                                          offline=off)  # fmt: skip
-        changed = self.registry.status(agent, status.state, now)
-        self.registry.signed(agent, status.ctr if signed else None, will=will)  # journalled
-        return _JOURNAL_ONLY if changed or signed else _NOTHING  # a repeat is not journalled
+        text, signed = self._open("status", agent, blob)
+        journal = self.registry.on_status(agent, text, now, signed=signed)
+        return _JOURNAL_ONLY if journal else _NOTHING  # a repeat is not journalled
 
     def _on_request(self, agent: str, blob: bytes, now: float) -> Effects:
-        text, signed = self.config.mac.open_json("request", self.config.job, agent, blob)
-        req = admission.check_request(text)
-        if self.registry.get(agent) is None:  # never answered: a snapshot per invented id
-            raise Reject("unknown_agent", f"{agent} sent a request before its hello")
-        self.registry.check_signed(agent, req.ctr, signed=signed, kind="request")
-        self.registry.seen(agent, now)
-        self.registry.signed(agent, req.ctr if signed else None)
+        text, signed = self._open("request", agent, blob)
+        req = self.registry.on_request(agent, text, now, signed=signed)
         return Effects(outbound=self._answer(agent, req.have, now), journal=signed)
 
     def _on_update(self, agent: str, blob: bytes, now: float, decoded: Decoded | None) -> Effects:
-        info = self.registry.get(agent)
-        cfg = self.config
-        header, update = admission.check_update(blob, decoded, agent=agent, job=cfg.job, d=cfg.d,
-                                                hello=None if info is None else info.hello,
-                                                mac=cfg.mac)  # fmt: skip
-        assert info is not None  # check_update rejects an agent without a hello
-        admitted = self._admit(agent, info, header, now)
-        if isinstance(admitted, Effects):
-            return admitted
-        sized = self._guarded(agent, update, admitted[1])
-        if isinstance(sized, Effects):
-            return sized
-        self._record(agent, info, header, update, blob, now, admitted, sized)
+        verdict = self.intake.judge(agent, blob, decoded, now, version=self.version,
+                                    state=self.state)  # fmt: skip
+        if not isinstance(verdict, Admit):
+            return self._refused(agent, verdict, now)
+        self._record(agent, blob, now, verdict)
         if self.state != "waiting":
             self.round_state.open(now)
         closed = self._maybe_close(now)
@@ -404,81 +264,31 @@ class RoundEngine:
             return _JOURNAL_ONLY
         return replace(closed, journal=True)
 
-    def _admit(
-        self, agent: str, info: AgentInfo, header: wire.UpdateHeader, now: float
-    ) -> _Admission | Effects:
-        """Whether a valid update is applied, and whether it enters this round's step.
-
-        Returns Effects (nothing applied) when the update is refused with an answer to the
-        agent; raises Reject when it is refused silently."""
-        cfg = self.config
-        if self.model.seen(agent, header):
-            return self._duplicate(agent, header, now)
-        if header.seq < info.seq_floor:  # below what its last authenticated hello allowed
-            raise Reject("replayed", f"{agent}: seq {header.seq} < {info.seq_floor}")
-        if self.state == "finished":
-            raise Reject("finished")
-        if header.round > self.version:
-            raise Reject(
-                "future_version", f"{agent}: round {header.round} > version {self.version}"
-            )
-        staleness = self.version - header.round
-        ef21 = header.semantics == "ef21"
-        if ef21 and (info.needs_reset or staleness > cfg.dedupe_window):
-            return self._ef21_reset(agent, info, staleness)
-        if staleness > cfg.dedupe_window:
-            raise Reject("stale", f"{agent}: {staleness} versions old (beyond the dedupe window)")
-        contributes = self.round_state.admits(agent, header.round, staleness, ef21, config=cfg,
-                                              paused=self.state == "paused",
-                                              last_round=info.last_round)  # fmt: skip
-        if not ef21 and not contributes:
-            if self.state == "paused":
-                raise Reject("paused", f"{agent}: round {header.round}")
-            # The round closed without this agent (deadline + quorum) and it may have missed
-            # the delta: answer with the model, or it would re-send this update forever.
-            eff = self._reject("stale", f"{agent}: round {header.round}", agent)
-            out = self._answer(agent, header.round, now, controls=False)
-            return Effects(outbound=out, reason=eff.reason)
-        weight = 1.0 if cfg.mode == "sync" else 1.0 / (1.0 + staleness)
-        return contributes, weight
-
-    def _duplicate(self, agent: str, header: wire.UpdateHeader, now: float) -> Effects:
-        """An update whose (round, seq) key was applied already."""
-        detail = f"{agent} round {header.round} seq {header.seq}"
-        if header.round == self.version and self.traffic.hold(now, self.registry) is not None:
-            # a re-send while the round waits for downlinks: it is alive, nothing refused
+    def _refused(self, agent: str, verdict: Refresh | Answer | Rejoin, now: float) -> Effects:
+        """Apply a verdict of :meth:`UpdateIntake.judge` that refuses the update."""
+        if isinstance(verdict, Refresh):
             return _JOURNAL_ONLY if self.registry.refresh(agent, now) else _NOTHING
-        if header.round < self.version:
-            # A re-send of an update applied to an older version: the agent never saw the
-            # versions since (e.g. a restart recovered a version persisted but not yet
-            # published, and ZeroMQ dropped the start-up snapshot before the agent
-            # re-subscribed). Without the model it would re-send forever.
-            eff = self._reject("duplicate", detail, agent)
-            return Effects(outbound=self._answer(agent, header.round, now), reason=eff.reason)
-        raise Reject("duplicate", detail)
+        if isinstance(verdict, Answer):
+            self._reject(verdict.reason, verdict.detail, agent)
+            out = self._answer(agent, verdict.have, now, controls=verdict.controls)
+            return Effects(outbound=out, reason=verdict.reason)
+        told = self._rejoin(agent, drop=verdict.drop)
+        self._reject(verdict.reason, verdict.detail, agent)
+        # journalled: the reset changed state a replay must reproduce
+        return Effects(outbound=(told,), journal=True, reason=verdict.reason)
 
-    def _record(
-        self,
-        agent: str,
-        info: AgentInfo,
-        header: wire.UpdateHeader,
-        update: Update,
-        blob: bytes,
-        now: float,
-        admitted: _Admission,
-        norms: tuple[float, float],
-    ) -> None:
+    def _record(self, agent: str, blob: bytes, now: float, admit: Admit) -> None:
         """Apply an admitted update: keys, agent and cost accounting, aggregation state."""
+        info, header, update = admit.info, admit.header, admit.update
         spend = self._pricer.price(info.hello.profile, header, len(blob))
         # nothing below can fail on a validated update
-        contributes, weight = admitted
-        index = self.registry.index(agent)
-        self.model.apply(agent, index, header, update, blob, contributes=contributes,
-                         weight=weight, norms=norms)  # fmt: skip
+        contributes, weight = admit.contributes, admit.weight
+        self.intake.applied(agent, self.registry.index(agent), header)
+        self.model.apply(agent, header, update, blob, contributes=contributes,
+                         weight=weight, norms=admit.norms)  # fmt: skip
         self.registry.accepted(agent, header.round, header.t, spend, now)
-        self.cadence.heard(agent, info.hello.profile, len(blob), now)
-        self.accepted += 1
-        self.totals.add(spend)
+        self.closing.heard(agent, info.hello.profile, len(blob), now)
+        self.tally.accepted_update(spend)
         self.round_state.cost(agent, header.t, spend)
         if contributes:
             ef21 = header.semantics == "ef21"
@@ -486,43 +296,18 @@ class RoundEngine:
 
     # ------------------------------------------------------------------ refused state
 
-    def _ef21_reset(self, agent: str, info: AgentInfo, staleness: int) -> Effects:
-        """An EF21 change older than the de-duplication window may or may not have been
-        applied already: applying it could count it twice, dropping it would leave the
-        agent's h_i and ours apart for good. Drop our h_i instead and ask the agent to zero
-        its own and rejoin fresh (refusing its changes until then)."""
-        out = () if info.needs_reset else (self._rejoin(agent),)
-        if out:
-            window = self.config.dedupe_window
-            log.warning("%s: EF21 update %d versions old (beyond the de-duplication window of "
-                        "%d); its state was reset, waiting for a fresh hello", agent, staleness,
-                        window)  # fmt: skip
-        eff = self._reject("ef21_reset", f"{agent}: waiting for a fresh hello", agent)
-        # journalled: the reset changed state a replay must reproduce
-        return Effects(
-            outbound=out or (self._reset_message(agent),), journal=True, reason=eff.reason
-        )
+    def _forget(self, agent: str) -> None:
+        """Drop ``agent``'s EF21 state and forget its de-duplication keys."""
+        self.model.reset_agent(agent)
+        self.intake.forget(agent, self.registry.index(agent))
 
-    def _rejoin(self, agent: str) -> Outbound:
-        """Drop ``agent``'s EF21 state and keys; its updates wait for a fresh hello, which
-        the returned message asks it for."""
-        self.model.reset_agent(agent, self.registry.index(agent))
-        self.registry.set_needs_reset(agent, True)
-        return self._reset_message(agent)
-
-    def _guarded(self, agent: str, update: Update, weight: float) -> tuple[float, float] | Effects:
-        """The update's (norm, max |value|) if it may enter the step (the guard); raises
-        Reject if not. A refused EF21 change is answered instead (the agent added it to its
-        h_i already, so ours and its would differ): its state is dropped and it is asked
-        to rejoin fresh, as for an ``ef21_reset`` (counted under the guard's reason)."""
-        try:
-            return self.model.check(update, agent, self.gamma(), weight, self.round_state)
-        except Reject as rej:
-            if update.semantics != "ef21":
-                raise
-            told = self._rejoin(agent)
-            eff = self._reject(rej.reason, rej.detail, agent)
-            return Effects(outbound=(told,), journal=True, reason=eff.reason)
+    def _rejoin(self, agent: str, *, drop: bool = True) -> Outbound:
+        """The control ``reset`` that asks ``agent`` to rejoin fresh; ``drop``: first drop
+        its EF21 state and keys, its updates waiting for that hello (else: a repeat)."""
+        if drop:
+            self._forget(agent)
+            self.registry.set_needs_reset(agent, True)
+        return reset_message(self.config.job, agent, self.version)
 
     def _drop_round(self, now: float) -> Effects:
         """The open round's step would make the model non-finite although every update
@@ -539,7 +324,7 @@ class RoundEngine:
             if ef21:  # drops h_i and asks the agent to rejoin
                 out.append(self._rejoin(agent))
             else:  # its keys are forgotten: it may send the update again
-                self.model.reset_agent(agent, self.registry.index(agent))
+                self._forget(agent)
         self.model.round_dropped()
         self.round_state.reset(now)
         return Effects(outbound=tuple(out), changed=True)
@@ -554,61 +339,32 @@ class RoundEngine:
 
     def _maybe_close(self, now: float) -> Effects:
         """Close the open round if it may (``journal``: a downlink hold started or ran out)."""
-        if self.state != "running" or not self.round_state:
-            return _NOTHING
-        reason = self._closable(now)
+        reason = self.closing.reason(now, state=self.state, version=self.version,
+                                     family=self.family)  # fmt: skip
         if reason is None:
-            return _NOTHING if self.config.mode == "async" else Effects()
+            return _NOTHING
         may, changed = self.traffic.may_close(now, self.config.max_hold_s, self.registry)
         if not may:
             return _JOURNAL_ONLY if changed else _NOTHING
         return self._close(now, reason)
 
-    def _closable(self, now: float) -> str | None:
-        """Why the open round would close at ``now`` downlinks aside (None: it would not)."""
-        counted = self.counted(now) if self.config.mode == "sync" else None
-        return self.round_state.close_reason(now, self.config, counted, self.quorum)
-
-    def hold(self, now: float) -> Hold | None:
-        """Whether a round that could close waits for downlinks at ``now``: the reason,
-        the agents whose downlink holds it and until when (None: not held)."""
-        return self.traffic.hold(now, self.registry) if self.state == "running" else None
-
     def _close(self, now: float, reason: str) -> Effects:
-        cfg = self.config
+        """Step the model with the open round, commit the new version, broadcast it."""
         gamma = self.gamma()
         step, coef = self.model.step(self.round_state, gamma)
         if not step.finite:
             return self._drop_round(now)
         base = self.version
-        self.version += 1
-        self.rounds += 1
         self.model.evaluate()
-        opened = self.round_state.opened_at
-        record = RoundRecord(
-            version=self.version,
-            base_version=base,
-            opened_at=now if opened is None else opened,
-            closed_at=now,
-            reason=reason,
-            gamma=gamma,
-            participants=tuple(sorted(self.round_state.participants)),
-            agents=self.round_state.costs.agents,
-            spend=self.round_state.costs.spend,
-            loss=self.loss,
-            accuracy=self.accuracy,
-        )
-        self.last_record = record
-        done = None
-        if cfg.max_rounds is not None and self.version >= cfg.max_rounds:
-            done = f"reached max_rounds={cfg.max_rounds}"
-        elif cfg.target_loss is not None and self.loss is not None and self.loss <= cfg.target_loss:
-            done = f"loss {self.loss:.6g} <= target_loss {cfg.target_loss:g}"
+        record = self.round_state.record(base + 1, base, now, reason, gamma, self.loss,
+                                         self.accuracy)  # fmt: skip
+        self.tally.committed(record)
+        done = self.closing.done(self.version, self.loss)
         profiles = ((a.hello.profile, self.traffic.group_of(a)) for a in self.registry)
         out = self.model.stepped(step, base, self.version, coef, profiles, final=done is not None)
         self.round_state.reset(now)
         self.traffic.closed(now)
-        self.model.prune(self.version)
+        self.intake.prune(self.version)
         if done is not None:
             self.lifecycle.finish(done, self.version)
         out.extend(self.state_controls(settings=False))
@@ -619,46 +375,34 @@ class RoundEngine:
     ) -> Effects:
         """Count a rejection; with ``now`` (a hello or update from ``agent``), also tell the
         agent when the reason concerns it (:mod:`aggregator.engine.refusals`, rate-limited)."""
-        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        told = self.refusals.refuse(reason, detail, agent, now, self.version)
         self.registry.rejected(agent)
-        self._log_once(
-            reason,
-            "rejected a message: %s%s (logged once per reason)",
-            reason,
-            f" ({detail})" if detail else "",
-        )
-        if agent is None or now is None:
-            return Effects(reason=reason)
-        told = self.refusals.answer(agent, reason, detail, now, self.version)
         return Effects(outbound=told, reason=reason)
-
-    def _log_once(self, key: str, fmt: str, *args: object) -> None:
-        if key not in self._logged:
-            self._logged.add(key)
-            log.warning(fmt, *args)
 
     # ------------------------------------------------------------------ persistence
 
     def export(self) -> EngineSnapshot:
         """A deep copy of the whole state (for a checkpoint): each part exports its own."""
-        self.model.prune(self.version)
+        self.intake.prune(self.version)
         model = self.model.export()
         cfg = self.config
-        last = self.last_record
         meta = {
-            "format": STATE_FORMAT,
-            **{"job": cfg.job, "d": cfg.d, "model": cfg.model, "version": self.version},
+            **{"format": STATE_FORMAT, "job": cfg.job, "d": cfg.d, "model": cfg.model},
+            **self.tally.export(),
             **self.lifecycle.export(),
             "agents": self.registry.export(),
-            "cadence": self.cadence.export(),
-            **{"accepted": self.accepted, "rejected": dict(self.rejected)},
-            **{"rounds": self.rounds, "totals": self.totals.to_dict()},
+            "cadence": self.closing.export(),
+            "rejected": self.refusals.export(),
             **self.traffic.export(),
-            "last_record": None if last is None else last.to_dict(),
             **model["meta"],
             "round": self.round_state.export(),
         }
-        return EngineSnapshot(acc=self.round_state.export_sum(), meta=meta, **model["arrays"])
+        arrays = {
+            **model["arrays"],
+            "acc": self.round_state.export_sum(),
+            "seen": self.intake.export(),
+        }
+        return EngineSnapshot(meta=meta, **arrays)
 
     @classmethod
     def restore(
@@ -678,17 +422,13 @@ class RoundEngine:
 
     def _load(self, snap: EngineSnapshot) -> None:
         meta = snap.meta
-        self.version = int(meta["version"])
+        self.tally.restore(meta)
         self.lifecycle.restore(meta)
         self.registry.restore(meta["agents"])
-        self.cadence.restore(meta.get("cadence"))
-        self.accepted = int(meta["accepted"])
-        self.rejected = {**dict.fromkeys(REJECT_REASONS, 0), **meta["rejected"]}
-        self.rounds = int(meta["rounds"])
-        self.totals = Spend.from_dict(meta["totals"])
+        self.closing.restore(meta.get("cadence"))
+        self.refusals.restore(meta["rejected"])
         self.traffic.restore(meta)
-        rec = meta["last_record"]
-        self.last_record = None if rec is None else RoundRecord.from_dict(rec)
         self.round_state.restore(meta["round"], snap.acc)
-        self.model.restore(snap, list(self.registry.records))
-        self.model.prune(self.version)
+        self.model.restore(snap)
+        self.intake.restore(snap.seen, list(self.registry.records))
+        self.intake.prune(self.version)

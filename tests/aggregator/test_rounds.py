@@ -673,7 +673,7 @@ def test_dedupe_log_stays_bounded_without_checkpoints() -> None:
     for seq in range(20_000):
         eff = eng.handle(*upd("a", topk_update(G_A, 2), round=eng.version, seq=seq), 1.0)
         assert eff.reason is None
-    assert eng.model.seen_keys.logged <= 3 * 4096  # compacted as it grows, not 20,000 rows
+    assert eng.intake.seen_keys.logged <= 3 * 4096  # compacted as it grows, not 20,000 rows
     assert len(eng.export().seen) <= 3  # window of 2 versions + the current one
 
 

@@ -269,3 +269,10 @@ def _merged(run: list[Outbound]) -> Outbound:
 def control_message(job: str, ctl: messages.Control) -> Outbound:
     """``ctl`` on the job's control topic ``cat/<job>/control``."""
     return Outbound(topics.control(job), messages.dump(ctl))
+
+
+def reset_message(job: str, agent: str, version: int) -> Outbound:
+    """Control ``reset`` for the EF21 ``agent`` (its state was dropped: it zeroes its own and
+    rejoins fresh), addressed to it alone."""
+    ctl = messages.Control(cmd="reset", agent=agent, version=version)
+    return addressed(control_message(job, ctl), job, agent)

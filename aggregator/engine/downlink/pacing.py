@@ -315,6 +315,27 @@ class DownlinkTraffic:
             for g, acct in self._groups.items()
         }
 
+    def charge_published(
+        self, outbound: Sequence[Published], now: float | None, agents: AgentRegistry
+    ) -> bytes:
+        """Count ``outbound`` by kind (:meth:`count`) and charge it at ``now``
+        (:meth:`charge`); return the charge's journal form (:func:`encode_charges`).
+
+        The caller passes exactly what it publishes (after merging), and the time it does.
+        The charge is an engine *input*: it changes downlink accounts and pacing, which
+        decide when the next version closes; the service journals its journal form with
+        ``now`` before it publishes, and :meth:`replay` re-applies it (the module doc
+        says why)."""
+        self.count(outbound)
+        items = charges(outbound)
+        self.charge(items, now, agents)
+        return encode_charges(items)
+
+    def replay(self, blob: bytes, now: float, agents: AgentRegistry) -> None:
+        """Re-apply a journalled :meth:`charge_published` (not counted again as published:
+        those counters are this process's). Raises ValueError for a malformed blob."""
+        self.charge(decode_charges(blob), now, agents)
+
     def charge(self, items: Sequence[Charge], now: float | None, agents: AgentRegistry) -> None:
         """Account what agents receive: a job-wide message reaches every live agent, one
         addressed to an agent reaches that agent only. A job-wide message goes once per
