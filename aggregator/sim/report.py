@@ -259,7 +259,7 @@ _TABLE_COLUMNS: Final[tuple[tuple[str, str], ...]] = (
     ("sim_time_s", "sim_time_s"),
     ("up_wait_s", "up_wait_s"),
     ("down_wait_s", "down_wait_s"),
-    (f"eta@{ETA_VERSION}_s", f"eta_at_round_{ETA_VERSION}_s"),
+    (f"eta@{ETA_VERSION}_s", f"eta_at_round_{ETA_VERSION}_s"),  # only where time passes
     ("law_margin", "audit_worst_margin"),
 )
 
@@ -268,24 +268,27 @@ def summary_table(results: Sequence[RunResult], targets: Sequence[float]) -> str
     """A plain-text table: one line per (fleet, method, downlink, target), with the bytes
     sent (up), received (down) and both (total), every metric summed both ways, and
     ``sim_time_s`` (the lockstep time to the target, with duty cycles and pacing)."""
-    cols = ("method", "downlink", "target", "rounds", *(c for c, _ in _TABLE_COLUMNS),
-            "final", "sel_ms/rnd")  # fmt: skip
     lines: list[str] = []
     for label, group in _by_fleet(results).items():
+        recs = [rec for r in group for rec in records(r, targets)]
+        # the ETA column only for fleets where time passes (not the paper's bit counts)
+        timed = any(r.trace.sim_time_s[-1] > 0 for r in group)
+        shown = [(c, k) for c, k in _TABLE_COLUMNS if timed or not k.startswith("eta_")]
+        cols = ("method", "downlink", "target", "rounds", *(c for c, _ in shown),
+                "final", "sel_ms/rnd")  # fmt: skip
         rows = [cols]
-        for r in group:
-            for rec in records(r, targets):
-                rows.append(
-                    (
-                        rec["method"],
-                        rec["downlink"],
-                        f"{rec['target']:g}",
-                        _fmt(rec["rounds"]),
-                        *(_fmt(rec[key]) for _, key in _TABLE_COLUMNS),
-                        f"{rec['final_suboptimality']:.2e}",
-                        f"{1e3 * rec['selection_s_per_round']:.3f}",
-                    )
+        for rec in recs:
+            rows.append(
+                (
+                    rec["method"],
+                    rec["downlink"],
+                    f"{rec['target']:g}",
+                    _fmt(rec["rounds"]),
+                    *(_fmt(rec[key]) for _, key in shown),
+                    f"{rec['final_suboptimality']:.2e}",
+                    f"{1e3 * rec['selection_s_per_round']:.3f}",
                 )
+            )
         widths = [max(len(str(row[i])) for row in rows) for i in range(len(cols))]
         lines.append(
             f"== {label}  (sums over agents to the target: up = sent, down = received, "

@@ -50,3 +50,15 @@ def test_records_carry_the_eta_and_its_ratio(tmp_path: Path) -> None:
     eta = rec[f"eta_at_round_{ETA_VERSION}_s"]
     assert eta is not None and 0 < eta < rec["sim_time_s"] * 10
     assert rec["eta_ratio"] == pytest.approx(eta / rec["sim_time_s"])
+
+
+@pytest.mark.parametrize(
+    ("profile", "shown"), [("paper_payload_bits", False), ("nbiot_udp_psm_rai", True)]
+)
+def test_the_table_shows_the_eta_only_where_time_passes(
+    capsys: pytest.CaptureFixture[str], profile: str, shown: bool
+) -> None:
+    argv = ["--rows", "300", "--features", "400", "--seed", "3", "--agents", "2",
+            "--profile", profile, "--methods", "dense", "--targets", "0.1", "--no-progress"]  # fmt: skip
+    assert cli.main(argv) == 0
+    assert (f"eta@{ETA_VERSION}_s" in capsys.readouterr().out) is shown
