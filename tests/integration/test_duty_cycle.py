@@ -93,7 +93,7 @@ def test_lorawan_agent_with_default_flags_stays_within_its_duty_cycle(
             s.stop()
 
     sent, ledger, dc = agent.transport.sent, agent.agent.ledger, profile.uplink_duty_share
-    assert dc == pytest.approx(0.02)
+    assert dc is not None and dc == pytest.approx(0.02)
     hello = topics.hello(job, "lora-0")
     update = topics.update(job, "lora-0")
     assert sum(s.topic == hello for s in sent) >= 2, "the hellos before the aggregator"
