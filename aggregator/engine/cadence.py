@@ -2,8 +2,9 @@
 does not wait for because of it: the fleet's version advances at the cadence of the
 members that are due.
 
-A duty-cycled radio (LoRaWAN EU868 at 1 %, Sigfox) must stay silent for
-``airtime * (1/duty_cycle - 1)`` seconds after every message it sends. The aggregator knows
+A duty-cycled radio (LoRaWAN EU868 at 1 % in each of its sub-bands, Sigfox) must stay
+silent for ``airtime * (1/share - 1)`` seconds after every message it sends (``share``: the
+profile's ``uplink_duty_share``, the duty cycle times its sub-bands). The aggregator knows
 that silence without asking: the member's hello names its profile, and the engine sees the
 size of every message it accepts. :class:`Cadence` keeps, per member, the time its uplink is
 free again (``up_free_at``), advanced by every journalled message of the member (its

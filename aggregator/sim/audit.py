@@ -3,7 +3,9 @@ knows, summed over the run (``elapsed_s`` of simulated time).
 
 Limits, each as a margin ``1 - used / allowed`` (>= 0: kept; negative: broken):
 
-- each device's uplink duty cycle: its airtime sent against ``duty_cycle * elapsed_s``;
+- each device's uplink duty cycle: its airtime sent against ``duty_cycle * elapsed_s`` in each
+  of its ``duty_cycle_bands`` sub-bands (its frames alternate between them, so the total
+  against ``uplink_duty_share * elapsed_s``);
 - each unicast downlink's sender duty cycle: the airtime it received unicast against
   ``sender_duty_cycle * elapsed_s`` (the sender's share for that device);
 - each shared downlink group's sender duty cycle: the group's airtime (once per message)
@@ -56,9 +58,10 @@ def audit(
     shared_seen: set[str] = set()
     for a in agents:
         p, me = a.profile, a.config.agent_id
-        if p.duty_cycle is not None:
+        share = p.uplink_duty_share
+        if share is not None:
             out.append(Margin("uplink duty cycle", me, a.ledger.up.airtime_s,
-                              p.duty_cycle * duty_s))  # fmt: skip
+                              share * duty_s))  # fmt: skip
         group = group_of.get(me)
         acct = groups.get(group) if group is not None else None
         frames = 0.0 if acct is None else acct["frames"]

@@ -14,7 +14,13 @@ from typing import Final, cast
 from aggregator.engine.downlink.broadcast import DOWNLINK_MODES, DownlinkMode
 from aggregator.engine.robust_round import parse_aggregation
 from aggregator.sim.blas import single_threaded_blas
-from aggregator.sim.experiment import DEFAULT_TARGETS, METRICS, RunResult, run_method
+from aggregator.sim.experiment import (
+    CADENCE_DEADLINE_S,
+    DEFAULT_TARGETS,
+    METRICS,
+    RunResult,
+    run_method,
+)
 from aggregator.sim.local import add_local_arguments, local_config, run_local_cases
 from aggregator.sim.methods import Method, parse_method
 from aggregator.sim.problem import Fleet, Problem, build_fleet, build_problem
@@ -156,6 +162,15 @@ def _pacing_arguments(p: argparse.ArgumentParser) -> None:
         help="on a fleet with duty-cycled radios, every agent sends when its radio allows and "
         "a round does not wait for a silent EF21 member (AGG_CADENCE; docs/algorithm.md: "
         "less time, more bytes); default --no-cadence: lockstep rounds",
+    )
+    p.add_argument(
+        "--round-deadline",
+        type=float,
+        default=CADENCE_DEADLINE_S,
+        metavar="S",
+        help="with --cadence: a round waits for every member whose radio is free within S "
+        "seconds of its opening (AGG_ROUND_DEADLINE_S; larger: the slow members report in "
+        f"more versions, fewer versions and bytes, more time) (default: {CADENCE_DEADLINE_S:g})",
     )
     p.add_argument(
         "--no-downlink-pacing",
@@ -315,6 +330,8 @@ def _prepare(
         raise ValueError(f"--schedule-t0 must be >= 0, got {args.schedule_t0}")
     if args.eval_every < 0:
         raise ValueError(f"--eval-every must be >= 0, got {args.eval_every}")
+    if not args.round_deadline > 0:
+        raise ValueError(f"--round-deadline must be > 0 seconds, got {args.round_deadline}")
     problem = build_problem(
         data_path=args.data,
         rows=plan.rows,
@@ -403,6 +420,7 @@ def _run(args: argparse.Namespace) -> int:
                     schedule_t0=args.schedule_t0,
                     sign_downlink=args.sign_downlink,
                     cadence=args.cadence,
+                    deadline_s=args.round_deadline,
                 )
                 bar.end(res)
                 results.append(res)

@@ -21,9 +21,13 @@ import numpy.typing as npt
 from aggregator.sim.audit import worst
 from aggregator.sim.experiment import DEFAULT_TARGETS, DOWN_FIELDS, METRICS, RunResult
 from aggregator.sim.problem import Fleet
+from aggregator.web.eta import estimate
 
 #: JSON fields measured on the wall clock: the only ones two same-seed runs disagree on.
 TIMING_FIELDS: Final[tuple[str, ...]] = ("selection_s", "selection_s_per_round", "wall_s")
+#: The version at which a record gives the ETA ``/status`` would have shown
+#: (``eta_at_round_5_s``).
+ETA_VERSION: Final = 5
 #: What to tell a user who asked for a plot without matplotlib installed.
 PLOT_HINT: Final = (
     "--plot needs matplotlib: pip install 'cat-edge[plot]' (or pip install matplotlib)"
@@ -78,6 +82,28 @@ def _at_target(result: RunResult, k: int | None) -> dict[str, Any]:
     }
 
 
+def eta_at(result: RunResult, target: float, version: int = ETA_VERSION) -> float | None:
+    """The ``sim_time_s`` at which ``/status``'s ETA (:func:`aggregator.web.eta.estimate`)
+    said, at ``version``, that ``target`` would be reached: the fit over versions
+    0..``version`` of their close times and losses (None: the run has fewer versions, or the
+    ETA was unknown). The relative suboptimality stands in for the loss: it is an affine
+    function of it (``(f - f*) / (f0 - f*)``), so the fit and the versions left are the same."""
+    tr = result.trace
+    if len(tr.subopt) <= version:
+        return None
+    points = [(k, tr.sim_time_s[k], tr.subopt[k]) for k in range(version + 1)]
+    eta = estimate(points, target)
+    return None if eta is None else eta.at + eta.eta_s
+
+
+def _eta_fields(result: RunResult, target: float, k: int | None) -> dict[str, Any]:
+    """``eta_at_round_5_s`` and its ratio to the time actually taken (``eta_ratio``)."""
+    predicted = eta_at(result, target)
+    taken = None if k is None else result.trace.sim_time_s[k]
+    ratio = None if predicted is None or not taken else predicted / taken
+    return {f"eta_at_round_{ETA_VERSION}_s": predicted, "eta_ratio": ratio}
+
+
 def _gradients(result: RunResult, k: int | None) -> dict[str, Any]:
     """Minibatch runs only (full-gradient records keep their fields): the batch size and
     the gradient evaluations to round ``k``, in rows and in passes over all the data."""
@@ -124,6 +150,7 @@ def records(result: RunResult, targets: Sequence[float]) -> list[dict[str, Any]]
             "target": eps,
             "rounds": result.reached.get(eps),
             **_at_target(result, result.reached.get(eps)),
+            **_eta_fields(result, eps, result.reached.get(eps)),
             **_gradients(result, result.reached.get(eps)),
             "agents": fleet.agents,
             "profile": fleet.profile_label,
@@ -244,6 +271,7 @@ _TABLE_COLUMNS: Final[tuple[tuple[str, str], ...]] = (
     ("sim_time_s", "sim_time_s"),
     ("up_wait_s", "up_wait_s"),
     ("down_wait_s", "down_wait_s"),
+    (f"eta@{ETA_VERSION}_s", f"eta_at_round_{ETA_VERSION}_s"),  # only where time passes
     ("law_margin", "audit_worst_margin"),
 )
 
@@ -257,24 +285,27 @@ def summary_table(results: Sequence[RunResult], targets: Sequence[float]) -> str
     """A plain-text table: one line per (fleet, method, downlink, target), with the bytes
     sent (up), received (down) and both (total), every metric summed both ways, and
     ``sim_time_s`` (the lockstep time to the target, with duty cycles and pacing)."""
-    cols = ("method", "downlink", "target", "rounds", *(c for c, _ in _TABLE_COLUMNS),
-            "final", "sel_ms/rnd")  # fmt: skip
     lines: list[str] = []
     for label, group in _by_fleet(results).items():
+        recs = [rec for r in group for rec in records(r, targets)]
+        # the ETA column only for fleets where time passes (not the paper's bit counts)
+        timed = any(r.trace.sim_time_s[-1] > 0 for r in group)
+        shown = [(c, k) for c, k in _TABLE_COLUMNS if timed or not k.startswith("eta_")]
+        cols = ("method", "downlink", "target", "rounds", *(c for c, _ in shown),
+                "final", "sel_ms/rnd")  # fmt: skip
         rows = [cols]
-        for r in group:
-            for rec in records(r, targets):
-                rows.append(
-                    (
-                        rec["method"],
-                        rec["downlink"],
-                        f"{rec['target']:g}",
-                        _fmt(rec["rounds"]),
-                        *(_fmt(rec[key]) for _, key in _TABLE_COLUMNS),
-                        f"{rec['final_suboptimality']:.2e}",
-                        f"{1e3 * rec['selection_s_per_round']:.3f}",
-                    )
+        for rec in recs:
+            rows.append(
+                (
+                    rec["method"],
+                    rec["downlink"],
+                    f"{rec['target']:g}",
+                    _fmt(rec["rounds"]),
+                    *(_fmt(rec[key]) for _, key in shown),
+                    f"{rec['final_suboptimality']:.2e}",
+                    f"{1e3 * rec['selection_s_per_round']:.3f}",
                 )
+            )
         widths = [max(len(str(row[i])) for row in rows) for i in range(len(cols))]
         lines.append(
             f"== {label}  (sums over agents to the target: up = sent, down = received, "

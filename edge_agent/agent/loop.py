@@ -301,7 +301,7 @@ class Agent:
 
     def _publish(self, topic: str, payload: bytes, *, update: bool) -> MessageCost:
         """Send one message, account it, and owe the radio's duty-cycle silence after it:
-        the radio may send again after ``airtime / duty_cycle`` seconds."""
+        the radio may send again after ``airtime / uplink_duty_share`` seconds."""
         self.transport.publish(topic, payload)
         cost = self.profile.message_cost(len(payload))
         self.ledger.add(cost, update=update)
@@ -309,7 +309,9 @@ class Agent:
         self._quiet_until = max(self._quiet_until, now) + cost.airtime_s + cost.silence_s
         owed, duty = self._quiet_until - now, self.profile.duty_cycle or 1.0
         if self.config.duty_cycle == "wait" and owed >= 5.0:  # a few seconds: worth a line
-            log.info("radio silent for %.1f s (duty cycle %.3g %%)", owed, 100 * duty)
+            bands = self.profile.duty_cycle_bands
+            log.info("radio silent for %.1f s (duty cycle %.3g %%%s)", owed, 100 * duty,
+                     f" in each of {bands} sub-bands" if bands > 1 else "")  # fmt: skip
         return cost
 
     def _flush_outbox(self) -> None:

@@ -44,11 +44,13 @@ def cmd_profiles(args: argparse.Namespace) -> int:
                 "objective": objective,
                 "max_payload_bytes": p.max_payload_bytes,
                 "duty_cycle": p.duty_cycle,
+                "duty_cycle_bands": p.duty_cycle_bands,
                 "t": t,
                 "size_bytes": size,
                 "packets": c.packets,
                 "airtime_s": c.airtime_s,
                 "energy_j": c.energy_j,
+                "silence_s": c.silence_s,
                 "dense_size_bytes": dense_size,
                 "cost_vs_dense": getattr(c, objective if objective != "packets" else "packets")
                 / max(getattr(dc, objective if objective != "packets" else "packets"), 1e-300),

@@ -128,6 +128,10 @@ class CostProfile(ABC):
     sources: tuple[str, ...] = ()
     estimated: tuple[str, ...] = ()
     duty_cycle: float | None = None
+    duty_cycle_bands: int = 1
+    """Sub-bands the uplink's channels lie in, each allowing ``duty_cycle`` on its own
+    (EU868: 1 % per sub-band); the radio takes a channel in a band that is free, so it may be
+    on the air ``duty_cycle * duty_cycle_bands`` of the time (:attr:`uplink_duty_share`)."""
     notes: str | None = None
     message_overhead_bytes: int = 0
     """Application framing added once per message (bytes), e.g. MQTT PUBLISH header + topic."""
@@ -150,6 +154,7 @@ class CostProfile(ABC):
         "sources": TEXTS,
         "estimated": TEXTS,
         "duty_cycle": optional(FRACTION),
+        "duty_cycle_bands": POSITIVE_INT,
         "notes": optional(string()),
         "message_overhead_bytes": NONNEGATIVE_INT,
         "per_packet_overhead_bytes": NONNEGATIVE_INT,
@@ -197,6 +202,8 @@ class CostProfile(ABC):
             )
         if self.duty_cycle is not None and "airtime_s" not in defined:
             raise ValueError("duty_cycle: a duty cycle needs an airtime_s cost, which is 0 here")
+        if self.duty_cycle_bands > 1 and self.duty_cycle is None:
+            raise ValueError("duty_cycle_bands: sub-bands need a duty_cycle, which is absent")
 
     # --- public API -----------------------------------------------------------------
 
@@ -327,11 +334,22 @@ class CostProfile(ABC):
                            8.0 * got.bytes_on_air, got.airtime_s, got.energy_j,
                            max(0.0, got.busy_s - got.airtime_s))  # fmt: skip
 
-    def silence_s(self, airtime_s: float) -> float:
-        """Seconds of enforced silence after ``airtime_s`` seconds on air (duty cycle)."""
+    @property
+    def uplink_duty_share(self) -> float | None:
+        """The share of time the uplink may be on the air: ``duty_cycle`` in each of
+        ``duty_cycle_bands`` sub-bands (at most 1; None without a duty cycle)."""
         if self.duty_cycle is None:
+            return None
+        return min(1.0, self.duty_cycle * self.duty_cycle_bands)
+
+    def silence_s(self, airtime_s: float) -> float:
+        """Seconds of enforced silence after ``airtime_s`` seconds on air (duty cycle): with
+        several sub-bands the frames of a long message alternate between them (LoRaMac-node
+        takes a channel whose band is free), so the silence is that of their summed share."""
+        share = self.uplink_duty_share
+        if share is None:
             return 0.0
-        return airtime_s * (1.0 / self.duty_cycle - 1.0)
+        return airtime_s * (1.0 / share - 1.0)
 
 
 def _check_size(size_bytes: int) -> int:

@@ -3,15 +3,18 @@ the time splits into uplink and downlink waits; the audit checks every limit."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from aggregator.sim import cli
-from aggregator.sim.audit import Margin, worst
+from aggregator.sim.audit import Margin, audit, worst
+from edge_agent.links.profiles import resolve_profile
 
 TINY = ["--rows", "300", "--features", "400", "--seed", "3", "--max-rounds", "400"]
 FLEET = ["--agents", "2", "--profiles", "lorawan_eu868_dr5_sf7,lorawan_eu868_dr0_sf12",
@@ -56,3 +59,34 @@ def test_every_limit_is_kept(runs: tuple[dict[str, Any], dict[str, Any]]) -> Non
 def test_a_broken_limit_has_a_negative_margin() -> None:
     kept, broken = Margin("cap", "a", 5.0, 10.0), Margin("cap", "b", 12.0, 10.0)
     assert worst([kept, broken]) is broken and broken.margin < 0 < kept.margin
+
+
+def _radio(profile: Any, up_airtime_s: float) -> Any:
+    """An agent as the audit reads it: its profile, id and ledger."""
+    down = SimpleNamespace(airtime_s=0.0, packets=0)
+    ledger = SimpleNamespace(up=SimpleNamespace(airtime_s=up_airtime_s), down=down)
+    return SimpleNamespace(profile=profile, config=SimpleNamespace(agent_id="a"), ledger=ledger)
+
+
+def test_the_uplink_audit_allows_each_sub_band_its_duty_cycle() -> None:
+    two = resolve_profile("lorawan_eu868_dr0_sf12")  # TTN's plan: two 1 % sub-bands
+    one = dataclasses.replace(two, duty_cycle_bands=1)
+    elapsed_s, used_s = 10_000.0, 150.0  # 1.5 % of the time plus the hour's allowance
+    (m2,) = (m for m in audit([_radio(two, used_s)], {}, {}, elapsed_s) if "uplink" in m.limit)
+    (m1,) = (m for m in audit([_radio(one, used_s)], {}, {}, elapsed_s) if "uplink" in m.limit)
+    assert m2.allowed == pytest.approx(0.02 * (elapsed_s + 3600.0))
+    assert m2.margin > 0 > m1.margin
+
+
+def test_a_short_round_deadline_does_not_wait_for_the_slow_member(tmp_path: Path) -> None:
+    fast = _run(tmp_path, "fast", "--multicast", GROUP, "--cadence", "--round-deadline", "10")
+    slow = _run(tmp_path, "slow", "--multicast", GROUP, "--cadence", "--round-deadline", "1e5")
+    assert fast["rounds"] is not None and slow["rounds"] is not None
+    assert fast["sim_time_s"] < slow["sim_time_s"] / 2  # the SF12 member's silence, skipped
+    assert fast["bytes"] < slow["bytes"]  # it reports in fewer versions (bytes: sent)
+    assert min(fast["audit_worst_margin"], slow["audit_worst_margin"]) >= 0.0
+
+
+def test_the_round_deadline_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([*TINY, *FLEET, "--no-progress", "--round-deadline", "0"]) == 2
+    assert "--round-deadline must be > 0" in capsys.readouterr().err

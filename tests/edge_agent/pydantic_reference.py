@@ -144,6 +144,7 @@ class CostProfile(Frozen):
     sources: tuple[str, ...] = ()
     estimated: tuple[str, ...] = ()
     duty_cycle: Fraction | None = None
+    duty_cycle_bands: PositiveInt = 1
     notes: str | None = None
     message_overhead_bytes: NonNegativeInt = 0
     per_packet_overhead_bytes: NonNegativeInt = 0
@@ -165,6 +166,8 @@ class CostProfile(Frozen):
             )
         if self.duty_cycle is not None and "airtime_s" not in defined:
             raise ValueError("duty_cycle: a duty cycle needs an airtime_s cost, which is 0 here")
+        if self.duty_cycle_bands > 1 and self.duty_cycle is None:
+            raise ValueError("duty_cycle_bands: sub-bands need a duty_cycle, which is absent")
         return self
 
 

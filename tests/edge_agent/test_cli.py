@@ -31,6 +31,15 @@ def test_profiles_lists_every_shipped_profile_with_its_choice(
         assert r["size_bytes"] < r["dense_size_bytes"]
 
 
+def test_profiles_give_the_silence_each_sub_band_allows(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["profiles", "lorawan_eu868_dr0_sf12", "sigfox_rc1", "--d", "1000", "--json"]) == 0
+    rows = {r["profile"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
+    lora, sigfox = rows["lorawan_eu868_dr0_sf12"], rows["sigfox_rc1"]
+    assert lora["duty_cycle_bands"] == 2 and sigfox["duty_cycle_bands"] == 1
+    assert lora["silence_s"] == pytest.approx(lora["airtime_s"] * 49)
+    assert sigfox["silence_s"] == pytest.approx(sigfox["airtime_s"] * 99)
+
+
 def test_profiles_table_names_the_columns(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["profiles", "lorawan_eu868_dr0_sf12", "--d", "1000"]) == 0
     out = capsys.readouterr().out

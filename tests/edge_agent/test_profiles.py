@@ -138,7 +138,9 @@ def test_lora_dr0_by_hand() -> None:
     assert cost["bits"] == pytest.approx(8 * 100 + 2 * 8 * 13)
     mc = profile.message_cost(100)
     assert (mc.size_bytes, mc.link_bytes, mc.packets, mc.bytes_on_air) == (100, 100, 2, 126)
-    assert mc.silence_s == pytest.approx(mc.airtime_s * 99)
+    # 1 % in each of TTN's two uplink sub-bands: on the air 2 % of the time
+    assert profile.duty_cycle_bands == 2 and profile.uplink_duty_share == pytest.approx(0.02)
+    assert mc.silence_s == pytest.approx(mc.airtime_s * 49)
     assert profile.packet_stepped
     assert profile.max_payload_bytes == 51
 
@@ -198,6 +200,27 @@ def test_duty_cycle_silence() -> None:
     assert mc.airtime_s == pytest.approx(1.155 + 0.3277)
     assert mc.silence_s == pytest.approx(mc.airtime_s * 9)
     assert parse_profile(_packet()).message_cost(10).silence_s == 0.0
+
+
+def test_duty_cycle_bands_share_the_silence() -> None:
+    one = parse_profile(_packet(duty_cycle=0.01)).message_cost(500)
+    two = parse_profile(_packet(duty_cycle=0.01, duty_cycle_bands=2)).message_cost(500)
+    assert two.airtime_s == one.airtime_s
+    assert one.silence_s == pytest.approx(one.airtime_s * 99)
+    assert two.silence_s == pytest.approx(two.airtime_s * 49)
+    # the share is capped at 1: no negative silence
+    many = parse_profile(_packet(duty_cycle=0.5, duty_cycle_bands=3))
+    assert many.uplink_duty_share == 1.0 and many.message_cost(10).silence_s == 0.0
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [({"duty_cycle_bands": 2}, "duty_cycle_bands: sub-bands need a duty_cycle"),
+     ({"duty_cycle": 0.01, "duty_cycle_bands": 0}, "duty_cycle_bands")],
+)  # fmt: skip
+def test_duty_cycle_bands_checked(tmp_path: Path, extra: dict[str, object], match: str) -> None:
+    with pytest.raises(ProfileError, match=match):
+        load_profile(_write(tmp_path, _packet(**extra)))
 
 
 def test_message_cost_is_frozen() -> None:

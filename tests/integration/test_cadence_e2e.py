@@ -5,7 +5,7 @@ waits for its duty cycle, and the LoRaWAN member's updates are still accepted (i
 state counts in every step) and enter the versions its radio allows.
 
 Speed: a copy of ``lorawan_eu868_dr5_sf7`` with every airtime scaled so that a 200 B message
-owes about :data:`SILENCE_S` seconds of silence at the same 1 % duty cycle; the aggregator
+owes about :data:`SILENCE_S` seconds of silence at the same duty cycle (1 % per sub-band); the aggregator
 (``AGG_CADENCE=true``, set here: it is opt-in) knows that silence from the profile and the airtime of what
 it accepted, and its rounds have a 1 s deadline, so the member is not waited for while it
 is silent.
