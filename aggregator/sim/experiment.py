@@ -27,8 +27,12 @@ sum over agents of what their ledgers hold for the ``k`` update messages that pr
 messages (hello, status, snapshot request: sent once at start) are excluded; a run checks
 that no control message was sent after the start.
 
-Simulated time: the rounds are lockstep, so each round lasts as long as its slowest radio
-(airtime plus duty-cycle silence).
+Simulated time: the rounds are lockstep. A round closes when the last update reaches the
+engine (each agent sends when its radio's silence from its last send is over, its update
+arrives when its airtime ends) and ends when the last agent holds the new version. A
+member of a class B/C multicast group receives while its transmitter owes silence, so its
+silence and the downlink overlap (the later governs); a class A member's reception waits
+for its silence (aggregator.sim.timing).
 
 At their own cadence (``cadence``, the default, on a fleet with duty-cycled radios): time
 runs from event to event instead. Each agent sends as soon as it holds a version it has not
@@ -67,6 +71,7 @@ from aggregator.sim.harness import FleetHarness
 from aggregator.sim.hostile import make_hostile
 from aggregator.sim.methods import Method
 from aggregator.sim.problem import Fleet, Problem, agent_seed, nonzeros
+from aggregator.sim.timing import receives_while_silent, reception_ends, uplink_arrivals
 from edge_agent.agent.loop import Agent, AgentConfig, RoundLog
 from edge_agent.links.cost import COST_FIELDS, ZERO, Cost
 from edge_agent.protocol.indexcode import index_bytes
@@ -262,16 +267,6 @@ def _down_busy_s(agents: Sequence[Agent]) -> list[float]:
     return [a.ledger.down.airtime_s + a.ledger.sender_silence_s for a in agents]
 
 
-def _slowest_s(after: Sequence[float], before: Sequence[float]) -> float:
-    """The longest time any agent spent this round (per-agent busy time after - before)."""
-    return max(a - b for a, b in zip(after, before, strict=True))
-
-
-def _radio_busy_s(agents: Sequence[Agent]) -> list[float]:
-    """Each agent's radio time so far: airtime plus duty-cycle silence."""
-    return [a.ledger.airtime_s + a.ledger.silence_s for a in agents]
-
-
 def _bytes_of(logs: Sequence[RoundLog], d: int, compressor: str) -> tuple[int, int, int]:
     """Update bytes this round, the same with 32-bit indices instead of the index code, sum T."""
     size = sum(e.size_bytes for e in logs)
@@ -443,7 +438,7 @@ def _train(
     while True:
         harness.deliver()
         book.record_cost(clock.now)
-        radio_before = _radio_busy_s(harness.agents)
+        silence_before = [a.ledger.silence_s for a in harness.agents]
         book.record_gradients()
         done = _updates_of_round(harness, k)
         # minibatch losses are not f_i(x_k): evaluate the objective on all the data
@@ -462,20 +457,31 @@ def _train(
         if reason is not None:
             return k, reason, f_k
         book.add_round(done, problem.model.d, method.compressor)
-        # Lockstep rounds: the slowest radio sets the pace, up then down.
-        up_s = _slowest_s(_radio_busy_s(harness.agents), radio_before)
+        # Lockstep rounds: the last update's arrival closes the round, the last reception
+        # ends it; a radio's silence overlaps receptions where it physically can
+        # (aggregator.sim.timing).
+        agents = harness.agents
+        added = [a.ledger.silence_s - s for a, s in zip(agents, silence_before, strict=True)]
+        arrivals = uplink_arrivals([a.radio_free_at for a in agents], added)
+        up_s = max(0.0, max(arrivals) - clock.now)
         clock.now += up_s
         book.up_wait_s += up_s
         sent_at = clock.now
-        down_before = _down_busy_s(harness.agents)
+        down_before = _down_busy_s(agents)
         version = engine.version
         harness.pump(strict=True)
         if engine.version == version and engine.next_version_at > clock.now:
             clock.now = engine.next_version_at  # downlink caps: wait until every link is free
             harness.pump(strict=True)
         harness.deliver()
-        clock.now += _slowest_s(_down_busy_s(harness.agents), down_before)
-        book.down_wait_s += clock.now - sent_at
+        busy = [a - b for a, b in zip(_down_busy_s(agents), down_before, strict=True)]
+        ends = reception_ends(clock.now, busy, [a.radio_free_at for a in agents],
+                              [receives_while_silent(a.profile) for a in agents])  # fmt: skip
+        heard = clock.now + max(0.0, *busy)  # every reception over, had none waited
+        done_at = max(clock.now, *ends)
+        book.down_wait_s += min(heard, done_at) - sent_at
+        book.up_wait_s += max(0.0, done_at - heard)  # class A members waiting for their silence
+        clock.now = done_at
         if engine.version != version + 1:
             return k, f"engine stopped at version {engine.version}: {engine.finish_reason}", f_k
         k += 1
@@ -498,8 +504,10 @@ class _Events:
             while (msg := agent.transport.recv(timeout_s=0)) is not None:
                 agent.handle(msg)
             busy = agent.ledger.down.airtime_s + agent.ledger.sender_silence_s - before
-            if busy > 0.0:
-                self.ready_at[i] = max(self.ready_at[i], now) + busy
+            if busy > 0.0:  # a class A member's reception waits for its silence (timing)
+                start = max(self.ready_at[i], now)
+                self.ready_at[i] = reception_ends(start, [busy], [agent.radio_free_at],
+                                                  [receives_while_silent(agent.profile)])[0]  # fmt: skip
 
     def may_send(self, i: int, agent: Agent, now: float) -> bool:
         return agent.due and now >= self.ready_at[i] and now >= agent.radio_free_at
