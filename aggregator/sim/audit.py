@@ -10,6 +10,8 @@ Limits, each as a margin ``1 - used / allowed`` (>= 0: kept; negative: broken):
   ``sender_duty_cycle * elapsed_s`` (the sender's share for that device);
 - each shared downlink group's sender duty cycle: the group's airtime (once per message)
   against the group's ``sender_duty_cycle * elapsed_s``;
+- each device's fair-use cap on its uplink airtime (``uplink_airtime_per_day_s``, The
+  Things Network's 30 s a day): its airtime sent against the cap times the days;
 - each unicast daily cap: the downlink packets it received unicast against
   ``max_messages_per_day * elapsed_s / 86400``, and a group's cap on its frames likewise.
 
@@ -58,10 +60,13 @@ def audit(
     shared_seen: set[str] = set()
     for a in agents:
         p, me = a.profile, a.config.agent_id
-        share = p.uplink_duty_share
-        if share is not None:
+        if p.duty_cycle is not None:  # the law, apart from any fair-use cap below
+            share = min(1.0, p.duty_cycle * p.duty_cycle_bands)
             out.append(Margin("uplink duty cycle", me, a.ledger.up.airtime_s,
                               share * duty_s))  # fmt: skip
+        cap_s = p.uplink_airtime_per_day_s
+        if cap_s is not None:  # a network's fair-use cap (TTN: 30 s a day)
+            out.append(Margin("uplink fair-use cap", me, a.ledger.up.airtime_s, cap_s * days))
         group = group_of.get(me)
         acct = groups.get(group) if group is not None else None
         frames = 0.0 if acct is None else acct["frames"]

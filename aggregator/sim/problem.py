@@ -126,7 +126,11 @@ def on_group(profile: CostProfile, group: CostProfile) -> CostProfile:
     if profile.shared_downlink is not None:
         return profile
     down = dataclasses.replace(profile.downlink, shared=shared)
-    return dataclasses.replace(profile, name=f"{profile.name}.{group.name}", downlink=down)
+    # the group's network server is the group profile's: its fair-use cap (none on a
+    # private network server, which a multicast group needs: docs/multicast.md) replaces
+    # the member's own
+    return dataclasses.replace(profile, name=f"{profile.name}.{group.name}", downlink=down,
+                               uplink_airtime_per_day_s=group.uplink_airtime_per_day_s)  # fmt: skip
 
 
 def build_fleet(

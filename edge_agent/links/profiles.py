@@ -1,19 +1,17 @@
 """Cost profiles: what one message costs on one link.
 
-A cost profile (a JSON file in ``cost_profiles/``, one link per file) turns the
-size of an encoded update into its cost on a radio or network link. For a
-message whose encoding is ``B`` application bytes (docs/cost-profiles.md and
-docs/algorithm.md, "The cost of a message on a link")::
+A cost profile (a JSON file in ``cost_profiles/``, one link per file) turns the size of an
+encoded update into its cost on a link. For a message of ``B`` application bytes
+(docs/cost-profiles.md and docs/algorithm.md, "The cost of a message on a link")::
 
     B_link       = B + message_overhead_bytes            # application framing, e.g. MQTT PUBLISH
     packets      = ceil(B_link / max_payload_bytes)
-    cost(metric) = per_message[metric] + per_packet[metric] * packets
-                   + per_byte[metric] * B_link
+    cost(metric) = per_message[metric] + per_packet[metric] * packets + per_byte[metric] * B_link
     bytes_on_air = B_link + packets * per_packet_overhead_bytes
 
-Metrics and units: ``bits`` (bits on the link), ``packets`` (link packets),
-``airtime_s`` (seconds the radio is busy), ``energy_j`` (joules). CAT maximises
-gain per unit of the profile's ``objective`` metric.
+Metrics and units: ``bits`` (bits on the link), ``packets`` (link packets), ``airtime_s``
+(seconds the radio is busy), ``energy_j`` (joules). CAT maximises gain per unit of the
+profile's ``objective`` metric.
 
 Three kinds share one schema (discriminator ``kind``):
 
@@ -23,8 +21,8 @@ Three kinds share one schema (discriminator ``kind``):
 - ``measured``: piecewise-linear through measured points, as written by
   ``edge-agent calibrate``.
 
-Every cost is nondecreasing in the message size. This module does no I/O apart
-from reading and writing profile files in ``load_profile``/``save_profile``.
+Every cost is nondecreasing in the message size. This module does no I/O apart from reading
+and writing profile files in ``load_profile``/``save_profile``.
 """
 
 from __future__ import annotations
@@ -57,12 +55,14 @@ from edge_agent.links.profile_parts import (
     ceil_div,
 )
 from edge_agent.links.shared import (
+    DAY_SECONDS,
     FRACTION,
     NONNEGATIVE_INT,
     POSITIVE_INT,
     TEXTS,
     SharedDelivery,
     SharedDownlink,
+    duty_share,
 )
 from edge_agent.validation import (
     Check,
@@ -117,9 +117,8 @@ _NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 class CostProfile(ABC):
     """Base of the three profile kinds; use ``load_profile`` or ``parse_profile`` to build one.
 
-    Sizes are in bytes (application bytes unless said otherwise); costs are in the
-    metric's unit: bits, packets, seconds (``airtime_s``) or joules (``energy_j``).
-    """
+    Sizes are in bytes (application bytes unless said otherwise); costs are in the metric's
+    unit: bits, packets, seconds (``airtime_s``) or joules (``energy_j``)."""
 
     kind: str
     name: str
@@ -132,6 +131,8 @@ class CostProfile(ABC):
     """Sub-bands the uplink's channels lie in, each allowing ``duty_cycle`` on its own
     (EU868: 1 % per sub-band); the radio takes a channel in a band that is free, so it may be
     on the air ``duty_cycle * duty_cycle_bands`` of the time (:attr:`uplink_duty_share`)."""
+    uplink_airtime_per_day_s: float | None = None
+    """A network's fair-use cap on uplink airtime, s per device per day (TTN: 30 s); None."""
     notes: str | None = None
     message_overhead_bytes: int = 0
     """Application framing added once per message (bytes), e.g. MQTT PUBLISH header + topic."""
@@ -155,6 +156,7 @@ class CostProfile(ABC):
         "estimated": TEXTS,
         "duty_cycle": optional(FRACTION),
         "duty_cycle_bands": POSITIVE_INT,
+        "uplink_airtime_per_day_s": optional(DAY_SECONDS),
         "notes": optional(string()),
         "message_overhead_bytes": NONNEGATIVE_INT,
         "per_packet_overhead_bytes": NONNEGATIVE_INT,
@@ -336,11 +338,9 @@ class CostProfile(ABC):
 
     @property
     def uplink_duty_share(self) -> float | None:
-        """The share of time the uplink may be on the air: ``duty_cycle`` in each of
-        ``duty_cycle_bands`` sub-bands (at most 1; None without a duty cycle)."""
-        if self.duty_cycle is None:
-            return None
-        return min(1.0, self.duty_cycle * self.duty_cycle_bands)
+        """The share of time the uplink may be on the air (shared.duty_share: the duty cycle
+        in each sub-band, or ``uplink_airtime_per_day_s / 86400`` when smaller)."""
+        return duty_share(self.duty_cycle, self.duty_cycle_bands, self.uplink_airtime_per_day_s)
 
     def silence_s(self, airtime_s: float) -> float:
         """Seconds of enforced silence after ``airtime_s`` seconds on air (duty cycle): with

@@ -49,7 +49,7 @@ from edge_agent.validation import (
     tuple_of,
 )
 
-__all__ = ["SharedDelivery", "SharedDownlink"]
+__all__ = ["DAY_SECONDS", "SharedDelivery", "SharedDownlink", "duty_share"]
 
 IntArray: TypeAlias = NDArray[np.int64]
 FloatArray: TypeAlias = NDArray[np.float64]
@@ -62,6 +62,17 @@ FRACTION: Final = number(gt=0.0, le=1.0)
 POSITIVE_INT: Final = integer(gt=0)
 NONNEGATIVE_INT: Final = integer(ge=0)
 TEXTS: Final = tuple_of(string())
+#: seconds of a day: > 0, at most a day (a fair-use cap on airtime)
+DAY_SECONDS: Final = number(gt=0.0, le=86_400.0)
+
+
+def duty_share(duty_cycle: float | None, bands: int, cap_s_per_day: float | None) -> float | None:
+    """The share of time an uplink may be on the air: ``duty_cycle`` in each of ``bands``
+    sub-bands, or a fair-use cap of ``cap_s_per_day`` seconds a day (``cap / 86400``) when
+    smaller; at most 1; None with neither."""
+    shares = [] if duty_cycle is None else [duty_cycle * bands]
+    shares += [] if cap_s_per_day is None else [cap_s_per_day / 86_400.0]
+    return min(1.0, *shares) if shares else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,12 +14,14 @@ import pytest
 
 from aggregator.sim import cli
 from aggregator.sim.audit import Margin, audit, worst
+from aggregator.sim.problem import on_group
 from edge_agent.links.profiles import resolve_profile
 
 TINY = ["--rows", "300", "--features", "400", "--seed", "3", "--max-rounds", "400"]
 FLEET = ["--agents", "2", "--profiles", "lorawan_eu868_dr5_sf7,lorawan_eu868_dr0_sf12",
          "--methods", "cat-signtopk+ef21", "--targets", "0.1"]  # fmt: skip
 GROUP = "lorawan_eu868_dr0_sf12_mcast_c_dr3"
+DUTY, FUP = "uplink duty cycle", "uplink fair-use cap"
 
 
 def _run(tmp_path: Path, name: str, *extra: str) -> dict[str, Any]:
@@ -72,8 +74,8 @@ def test_the_uplink_audit_allows_each_sub_band_its_duty_cycle() -> None:
     two = resolve_profile("lorawan_eu868_dr0_sf12")  # TTN's plan: two 1 % sub-bands
     one = dataclasses.replace(two, duty_cycle_bands=1)
     elapsed_s, used_s = 10_000.0, 150.0  # 1.5 % of the time plus the hour's allowance
-    (m2,) = (m for m in audit([_radio(two, used_s)], {}, {}, elapsed_s) if "uplink" in m.limit)
-    (m1,) = (m for m in audit([_radio(one, used_s)], {}, {}, elapsed_s) if "uplink" in m.limit)
+    (m2,) = (m for m in audit([_radio(two, used_s)], {}, {}, elapsed_s) if m.limit == DUTY)
+    (m1,) = (m for m in audit([_radio(one, used_s)], {}, {}, elapsed_s) if m.limit == DUTY)
     assert m2.allowed == pytest.approx(0.02 * (elapsed_s + 3600.0))
     assert m2.margin > 0 > m1.margin
 
@@ -90,3 +92,29 @@ def test_a_short_round_deadline_does_not_wait_for_the_slow_member(tmp_path: Path
 def test_the_round_deadline_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main([*TINY, *FLEET, "--no-progress", "--round-deadline", "0"]) == 2
     assert "--round-deadline must be > 0" in capsys.readouterr().err
+
+
+def test_the_audit_checks_the_fair_use_cap_on_uplink_airtime() -> None:
+    ttn = resolve_profile("lorawan_eu868_dr0_sf12")  # The Things Network: 30 s a day
+    assert ttn.uplink_airtime_per_day_s == 30.0
+    elapsed_s = 2 * 86_400.0  # two days: 30 s for each, plus one day's allowance
+    (kept,) = (m for m in audit([_radio(ttn, 89.0)], {}, {}, elapsed_s) if m.limit == FUP)
+    (broken,) = (m for m in audit([_radio(ttn, 91.0)], {}, {}, elapsed_s) if m.limit == FUP)
+    assert kept.allowed == pytest.approx(90.0)
+    assert kept.margin > 0 > broken.margin
+    private = dataclasses.replace(ttn, uplink_airtime_per_day_s=None)
+    assert not [m for m in audit([_radio(private, 91.0)], {}, {}, elapsed_s) if m.limit == FUP]
+
+
+def test_the_fair_use_cap_paces_the_uplink_when_below_the_duty_cycle() -> None:
+    ttn = resolve_profile("lorawan_eu868_dr0_sf12")
+    assert ttn.uplink_duty_share == pytest.approx(30.0 / 86_400.0)  # below 2 %
+    assert ttn.silence_s(30.0) == pytest.approx(86_400.0 - 30.0)  # 30 s on air: a day
+    loose = dataclasses.replace(ttn, uplink_airtime_per_day_s=86_400.0)
+    assert loose.uplink_duty_share == pytest.approx(0.02)  # the duty cycle binds
+
+
+def test_a_group_on_a_private_network_server_has_no_fair_use_cap() -> None:
+    member = on_group(resolve_profile("lorawan_eu868_dr0_sf12"), resolve_profile(GROUP))
+    assert member.uplink_airtime_per_day_s is None
+    assert member.uplink_duty_share == pytest.approx(0.02)

@@ -145,6 +145,7 @@ class CostProfile(Frozen):
     estimated: tuple[str, ...] = ()
     duty_cycle: Fraction | None = None
     duty_cycle_bands: PositiveInt = 1
+    uplink_airtime_per_day_s: Annotated[float, Field(gt=0.0, le=86_400.0)] | None = None
     notes: str | None = None
     message_overhead_bytes: NonNegativeInt = 0
     per_packet_overhead_bytes: NonNegativeInt = 0

@@ -138,9 +138,13 @@ def test_lora_dr0_by_hand() -> None:
     assert cost["bits"] == pytest.approx(8 * 100 + 2 * 8 * 13)
     mc = profile.message_cost(100)
     assert (mc.size_bytes, mc.link_bytes, mc.packets, mc.bytes_on_air) == (100, 100, 2, 126)
-    # 1 % in each of TTN's two uplink sub-bands: on the air 2 % of the time
-    assert profile.duty_cycle_bands == 2 and profile.uplink_duty_share == pytest.approx(0.02)
-    assert mc.silence_s == pytest.approx(mc.airtime_s * 49)
+    # 1 % in each of TTN's two uplink sub-bands: on the air 2 % of the time, less under
+    # TTN's fair-use cap of 30 s a day; a private network has no such cap
+    private = dataclasses.replace(profile, uplink_airtime_per_day_s=None)
+    assert profile.duty_cycle_bands == 2 and private.uplink_duty_share == pytest.approx(0.02)
+    assert private.message_cost(100).silence_s == pytest.approx(mc.airtime_s * 49)
+    assert profile.uplink_duty_share == pytest.approx(30 / 86_400)
+    assert mc.silence_s == pytest.approx(mc.airtime_s * (86_400 / 30 - 1))
     assert profile.packet_stepped
     assert profile.max_payload_bytes == 51
 
