@@ -1,14 +1,26 @@
 """When the job reaches its target loss, from the recent rate of loss decrease (``/status``
 ``eta``; docs/http-api.md says the method).
 
-Over the last :data:`WINDOW` versions with a loss, the decreases ``D_i = loss_{i-1} -
-loss_i`` of a linearly converging run fall geometrically, ``D_i ~ D * rho^i``: a
-least-squares line through ``(i, log D_i)`` gives ``rho``. The decrease still to come after
-``n`` more versions is ``D_last * rho * (1 - rho^n) / (1 - rho)``; the smallest ``n`` for
-which it covers ``loss - target`` is the versions left, and times the mean seconds per
-version over the window it is the ETA. Unknown (None) when there is no target, fewer than
-:data:`MIN_POINTS` losses, a decrease in the window that is not positive, ``rho >= 1``, or
-the fitted decreases sum to less than what is left (a plateau above the target). Pure.
+Versions left. Over the last :data:`WINDOW` versions with a loss, the decreases ``D_i =
+loss_{i-1} - loss_i`` of a linearly converging run fall geometrically, ``D_i ~ D * rho^i``:
+a least-squares line through ``(i, log D_i)`` gives ``rho``. The decrease still to come
+after ``n`` more versions is ``D_last * rho * (1 - rho^n) / (1 - rho)``; the smallest ``n``
+for which it covers ``loss - target`` is the versions left. Early in a run the decreases may
+still grow (EF21's states ``h_i`` start at zero and fill over the first versions): while the
+fit gives ``rho >= 1`` the decreases are taken to stay at the mean of the last two
+(``rho`` reported as 1), since no rate of decay is measurable yet; a linear run's decreases
+fall later, so this count is low, not high.
+
+Seconds per version. The times between versions may grow too (CAT's T grows as the states
+fill, and with it the slowest radio's airtime and silence): a least-squares line through
+the window's times per version (less the one from version 0, which holds the start's
+hellos) gives their trend, and each version to come takes the line's value at it, never
+less than the last one (the trend is not extrapolated downwards). With constant times this
+is their mean. The ETA is the sum over the versions left.
+
+Unknown (None) when there is no target, fewer than :data:`MIN_POINTS` losses, a decrease
+in the window that is not positive, or the fitted decreases sum to less than what is left
+(a plateau above the target). Pure.
 """
 
 from __future__ import annotations
@@ -19,6 +31,7 @@ from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
+import numpy.typing as npt
 
 #: versions the fit looks back at
 WINDOW: Final = 10
@@ -32,7 +45,8 @@ __all__ = ["MIN_POINTS", "WINDOW", "Eta", "estimate"]
 class Eta:
     """``eta_s``: seconds after the last version's close (``at``, engine time) until the
     target is reached; ``versions_left``; ``rho``: the fitted ratio of successive
-    decreases; ``seconds_per_version`` over the window of ``window`` versions."""
+    decreases (1.0 while they still grow); ``seconds_per_version``: the mean over the
+    versions left of the trend fitted on the window of ``window`` versions."""
 
     target_loss: float
     eta_s: float
@@ -63,15 +77,41 @@ def estimate(points: Sequence[tuple[int, float, float | None]], target: float | 
     dec = (y[:-1] - y[1:]) / np.maximum(v[1:] - v[:-1], 1.0)  # per version
     if not (dec > 0).all():
         return None
+    n, rho = _versions_left(v, dec, loss - target)
+    if n is None:
+        return None  # the fitted decreases never cover what is left: a plateau
+    steps = _steps_ahead(v, t, n)
+    if not steps >= 0.0:
+        return None
+    return Eta(target, steps, at, n, rho, steps / n, len(rows))
+
+
+def _versions_left(
+    v: npt.NDArray[np.float64], dec: npt.NDArray[np.float64], left: float
+) -> tuple[int | None, float]:
+    """The versions until the decreases ``dec`` (at versions ``v[1:]``) cover ``left``, and
+    the fitted ratio (1.0: still growing, held at the mean of the last two)."""
     slope, intercept = np.polyfit(v[1:], np.log(dec), 1)
     rho = float(np.exp(slope))
-    per_version = float((t[-1] - t[0]) / max(v[-1] - v[0], 1.0))
-    if not 0.0 < rho < 1.0 or not per_version >= 0.0:
-        return None
+    if rho >= 1.0:
+        return max(1, math.ceil(left / float(dec[-2:].mean()) - 1e-9)), 1.0
     last = float(np.exp(intercept + slope * v[-1]))  # the fitted last decrease
-    left = loss - target
     room = 1.0 - left * (1.0 - rho) / (last * rho)
     if room <= 0.0:
-        return None  # the fitted decreases never cover what is left: a plateau
-    n = max(1, math.ceil(math.log(room) / math.log(rho) - 1e-9))
-    return Eta(target, n * per_version, at, n, rho, per_version, len(rows))
+        return None, rho
+    return max(1, math.ceil(math.log(room) / math.log(rho) - 1e-9)), rho
+
+
+def _steps_ahead(v: npt.NDArray[np.float64], t: npt.NDArray[np.float64], n: int) -> float:
+    """Seconds for the next ``n`` versions after ``v[-1]``: the trend of the window's times
+    per version (the one from version 0 left out when others remain), never below the last."""
+    per = np.diff(t) / np.maximum(np.diff(v), 1.0)
+    at = v[1:]
+    if v[0] == 0 and len(per) > 1:
+        per, at = per[1:], at[1:]
+    if len(per) < 2:
+        return float(n * per[-1])
+    slope, intercept = np.polyfit(at, per, 1)
+    ahead = v[-1] + np.arange(1, n + 1, dtype=np.float64)
+    trend = intercept + max(0.0, float(slope)) * ahead
+    return float(np.maximum(trend, per[-1]).sum())

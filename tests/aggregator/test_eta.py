@@ -54,6 +54,25 @@ def test_unknown_when_no_target_too_few_points_a_rise_or_a_plateau() -> None:
     assert estimate([(v, t, None) for v, t, _ in hist], 0.51) is None  # no loss evaluated
 
 
+def test_growing_times_per_version_follow_their_trend() -> None:
+    """Version 0 -> 1 holds the start (500 s); then each version takes 10 s more than the
+    last: the versions to come continue the line, not the window's mean."""
+    closes = [0.0, 500.0]
+    for v in range(2, 12):
+        closes.append(closes[-1] + 10.0 * v)
+    hist = [(v, closes[v], 0.5 + 0.8**v) for v in range(12)]
+    eta = estimate(hist, 0.5 + 0.8**15)  # 4 versions after the last (11): 120 .. 150 s
+    assert eta is not None and eta.versions_left == 4
+    assert eta.eta_s == pytest.approx(120.0 + 130.0 + 140.0 + 150.0)
+
+
+def test_growing_decreases_are_held_at_the_last_two() -> None:
+    hist = [(v, 10.0 * v, 10.0 - 0.1 * v * v) for v in range(6)]  # decreases 0.1, 0.3, ...
+    eta = estimate(hist, 10.0 - 2.5 - 9 * 0.8)  # 9 x the last two's mean (0.8) left
+    assert eta is not None and eta.rho == 1.0 and eta.versions_left == 9
+    assert eta.eta_s == pytest.approx(90.0)
+
+
 def test_a_reached_target_is_zero_seconds_away() -> None:
     hist = geometric(5, floor=0.5, c=1.0, rho=0.5, dt=10.0)
     eta = estimate(hist, 0.9)
