@@ -194,14 +194,9 @@ def open_fleet(
             schedule_l2=model.l2 if batch_size is not None and model.l2 > 0 else None,
             schedule_t0=schedule_t0,
             cadence=cadence,
-            # no periodic snapshot (8 d bytes to every member) for a duty-cycled fleet (on
-            # air for hours) or SGD (hundreds of versions: the snapshots outweigh the
-            # compressed traffic); nobody joins late in a simulation
-            snapshot_every=(
-                (0 if cadence or batch_size is not None else EngineConfig.snapshot_every)
-                if snapshot_every is None
-                else snapshot_every
-            ),
+            # no periodic snapshot (8 d bytes to each) at cadence (hours on air) or with SGD
+            # (hundreds of versions: they outweigh the rest); nobody joins late here
+            snapshot_every=_snapshot_every(snapshot_every, cadence or batch_size is not None),
         ),
         x0=model.initial_point(),
         profiles=lookup.get,
@@ -227,6 +222,7 @@ def open_fleet(
                 resend_s=None,
                 duty_cycle="ignore",
                 batch_size=batch_size,
+                schedule_t0=schedule_t0 if method.ef_model_units else None,  # +ef:model
                 aggregator_keys=keys,
             )
             harness.add_agent(
@@ -240,6 +236,10 @@ def open_fleet(
         harness.close()
         raise
     return harness
+
+
+def _snapshot_every(given: int | None, quiet: bool) -> int:
+    return (0 if quiet else EngineConfig.snapshot_every) if given is None else given
 
 
 # --------------------------------------------------------------------------- bookkeeping

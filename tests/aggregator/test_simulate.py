@@ -226,3 +226,12 @@ def test_periodic_snapshots_are_off_by_default_for_sgd_and_cost_downlink_bytes(
 def test_a_negative_snapshot_cadence_exits_with_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main([*TINY, "--no-progress", "--snapshot-every", "-1"]) == 2
     assert "--snapshot-every" in capsys.readouterr().err
+
+
+def test_ef_model_grammar_keeps_the_residual_in_model_units() -> None:
+    plain, model_units = parse_method("cat-signtopk+ef"), parse_method("cat-signtopk+ef:model")
+    assert (plain.feedback, plain.ef_model_units) == ("ef", False)
+    assert (model_units.feedback, model_units.ef_model_units) == ("ef", True)
+    assert parse_method("cat-signtopk:nominal+ef").policy == "cat:nominal"
+    with pytest.raises(ValueError, match="cat:nominal"):
+        parse_method("cat-signtopk:loud+ef")
