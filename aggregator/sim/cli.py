@@ -85,7 +85,9 @@ def _fleet_arguments(p: argparse.ArgumentParser) -> None:
         "--methods",
         default="dense,cat-topk",
         help="comma list: dense, topk:T, cat-topk, cat-signtopk, dynamic-signtopk, cat-randk, "
-        "hybrid-topk:S, each optionally +ef or +ef21",
+        "hybrid-topk:S, each optionally +ef or +ef21; with --batch-size, cat-* prices the "
+        "noisy gradient's expected decrease (cat-signtopk:nominal: the deterministic gain) "
+        "and +ef:model keeps the EF residual in model units",
     )
     f.add_argument(
         "--step-size",
