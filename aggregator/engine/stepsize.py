@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from aggregator.engine.admission import Limits
+from edge_agent.numerics.stochastic import scheduled_step
 from edge_agent.protocol import messages
 
 StepRule = Literal["mean", "median"]
@@ -45,18 +46,12 @@ def gamma(
 
 
 def scheduled(gamma: float, version: int, l2: float | None, t0: float = 0.0) -> float:
-    """``gamma`` decayed for stochastic gradients: ``min(gamma, 2 / (l2 (version + t0)))``.
-
-    ``l2`` is the objective's strong-convexity constant lambda (the L2 weight of the
-    regularised models); None: no schedule, ``gamma`` itself. Before the decay can bite
-    (``version + t0 <= 0``) the step is ``gamma``.
+    """``gamma`` decayed for stochastic gradients: ``min(gamma, 2 / (l2 (version + t0)))``
+    (:func:`edge_agent.numerics.stochastic.scheduled_step`, which an agent keeping its
+    residual in model units uses too). ``l2``: the objective's strong-convexity constant;
+    None: no schedule. Before the decay can bite (``version + t0 <= 0``) the step is ``gamma``.
     """
-    if l2 is None:
-        return gamma
-    if not l2 > 0:
-        raise ValueError(f"scheduled: the strong-convexity constant must be > 0, got {l2}")
-    horizon = version + t0
-    return gamma if horizon <= 0 else min(gamma, 2.0 / (l2 * horizon))
+    return scheduled_step(gamma, version, l2, t0)
 
 
 def smoothness(hellos: Sequence[messages.Hello], rule: StepRule, limits: Limits) -> float:

@@ -85,7 +85,9 @@ def _fleet_arguments(p: argparse.ArgumentParser) -> None:
         "--methods",
         default="dense,cat-topk",
         help="comma list: dense, topk:T, cat-topk, cat-signtopk, dynamic-signtopk, cat-randk, "
-        "hybrid-topk:S, each optionally +ef or +ef21",
+        "hybrid-topk:S, each optionally +ef or +ef21; with --batch-size, cat-* prices the "
+        "noisy gradient's expected decrease (cat-signtopk:nominal: the deterministic gain) "
+        "and +ef:model keeps the EF residual in model units",
     )
     f.add_argument(
         "--step-size",
@@ -111,6 +113,15 @@ def _fleet_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=0.0,
         help="t0 of the stochastic step schedule (with --batch-size; AGG_SCHEDULE_T0)",
+    )
+    f.add_argument(
+        "--snapshot-every",
+        type=int,
+        metavar="N",
+        help="a full-model snapshot to every agent after each N-th version, next to the "
+        "downlink's update (AGG_SNAPSHOT_EVERY; 0: none). Default: 0 with --cadence or "
+        "--batch-size (nobody joins late; with SGD's hundreds of versions the snapshots "
+        "outweigh the compressed traffic), else the engine's 50",
     )
 
 
@@ -326,6 +337,8 @@ def _prepare(
         raise ValueError(f"--max-rounds must be >= 1, got {args.max_rounds}")
     if args.batch_size is not None and not args.batch_size > 0:
         raise ValueError(f"--batch-size must be > 0 (rows or a fraction), got {args.batch_size}")
+    if args.snapshot_every is not None and args.snapshot_every < 0:
+        raise ValueError(f"--snapshot-every must be >= 0, got {args.snapshot_every}")
     if args.schedule_t0 < 0:
         raise ValueError(f"--schedule-t0 must be >= 0, got {args.schedule_t0}")
     if args.eval_every < 0:
@@ -421,6 +434,7 @@ def _run(args: argparse.Namespace) -> int:
                     sign_downlink=args.sign_downlink,
                     cadence=args.cadence,
                     deadline_s=args.round_deadline,
+                    snapshot_every=args.snapshot_every,
                 )
                 bar.end(res)
                 results.append(res)

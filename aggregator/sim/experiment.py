@@ -163,6 +163,7 @@ def open_fleet(
     sign_downlink: bool = False,
     cadence: bool = False,
     deadline_s: float = 1e18,
+    snapshot_every: int | None = None,
 ) -> FleetHarness:
     """The engine (full quorum, no deadline or liveness timeout) and one agent per shard,
     not started. Close the harness when done. ``aggregation``: ``AGG_AGGREGATION``;
@@ -172,7 +173,9 @@ def open_fleet(
     ``sign_downlink``: every message to the agents is signed with a key made for the run,
     and every agent checks it (docs/wire-format.md section 13);
     ``cadence``: ``EngineConfig.cadence`` (aggregator.engine.cadence), with the rounds'
-    ``deadline_s`` (the full quorum still waits for every member it does not excuse)."""
+    ``deadline_s`` (the full quorum still waits for every member it does not excuse);
+    ``snapshot_every``: ``EngineConfig.snapshot_every`` (None: 0 with cadence or
+    ``batch_size``, else the engine's default)."""
     model = problem.model
     lookup = {p.name: p for p in fleet.profiles}
     engine = RoundEngine(
@@ -196,9 +199,9 @@ def open_fleet(
             schedule_l2=model.l2 if batch_size is not None and model.l2 > 0 else None,
             schedule_t0=schedule_t0,
             cadence=cadence,
-            # a duty-cycled fleet gets no periodic snapshot (8 d bytes to every member, on
-            # air for hours); nobody joins late in a simulation
-            snapshot_every=0 if cadence else EngineConfig.snapshot_every,
+            # no periodic snapshot (8 d bytes to each) at cadence (hours on air) or with SGD
+            # (hundreds of versions: they outweigh the rest); nobody joins late here
+            snapshot_every=_snapshot_every(snapshot_every, cadence or batch_size is not None),
         ),
         x0=model.initial_point(),
         profiles=lookup.get,
@@ -224,6 +227,7 @@ def open_fleet(
                 resend_s=None,
                 duty_cycle="ignore",
                 batch_size=batch_size,
+                schedule_t0=schedule_t0 if method.ef_model_units else None,  # +ef:model
                 aggregator_keys=keys,
             )
             harness.add_agent(
@@ -237,6 +241,10 @@ def open_fleet(
         harness.close()
         raise
     return harness
+
+
+def _snapshot_every(given: int | None, quiet: bool) -> int:
+    return (0 if quiet else EngineConfig.snapshot_every) if given is None else given
 
 
 # --------------------------------------------------------------------------- bookkeeping
@@ -613,6 +621,7 @@ def run_method(
     sign_downlink: bool = False,
     cadence: bool = False,
     deadline_s: float = CADENCE_DEADLINE_S,
+    snapshot_every: int | None = None,
 ) -> RunResult:
     """Train ``method`` on ``fleet`` until the smallest target or ``max_rounds``.
 
@@ -640,6 +649,7 @@ def run_method(
         sign_downlink=sign_downlink,
         cadence=at_cadence,
         deadline_s=deadline_s if at_cadence else 1e18,
+        snapshot_every=snapshot_every,
     ) as harness:
         harness.start()
         harness.pump(strict=True)

@@ -4,6 +4,10 @@ A method is a compressor, a policy that picks T (how many entries each update ca
 error-feedback scheme and the curvature the step uses, all of them the agent's own
 (:class:`edge_agent.agent.loop.AgentConfig`).
 
+``+ef:model`` is classic error feedback with the residual kept in model units under the
+stochastic step schedule (``--batch-size``; edge_agent.numerics.stochastic.StepRatio);
+``+ef`` keeps it in gradient units.
+
 ``+dir`` (``dense+dir``, ``cat-topk+dir``, ``cat-signtopk+dir``) runs the agents with
 ``curvature="directional"``: T priced with the curvature along the direction sent and the
 update scaled to the best step along it (docs/curvature.md). It is defined for dense and
@@ -33,6 +37,8 @@ class Method:
     policy: str
     feedback: FeedbackName
     curvature: CurvatureName = "global"
+    #: ``+ef:model``: the classic-EF residual in model units (AgentConfig.schedule_t0)
+    ef_model_units: bool = False
 
 
 _FEEDBACKS: Final[dict[str, FeedbackName]] = {"": "none", "ef": "ef", "ef21": "ef21"}
@@ -60,7 +66,7 @@ def _suffixes(spec: str, parts: list[str]) -> tuple[FeedbackName, CurvatureName]
     if len(parts) > 1 or (parts and parts[0] not in _FEEDBACKS):
         raise ValueError(
             f"method {spec!r}: unknown error feedback or suffix '+{'+'.join(parts)}'; "
-            "use +ef, +ef21 and/or +dir"
+            "use +ef, +ef:model, +ef21 and/or +dir"
         )
     feedback = _FEEDBACKS[parts[0]] if parts else "none"
     if curvature == "directional" and feedback != "none":
@@ -74,7 +80,7 @@ def _suffixes(spec: str, parts: list[str]) -> tuple[FeedbackName, CurvatureName]
 
 def parse_method(spec: str) -> Method:
     """``dense`` | ``<compressor>:T`` (static T) | ``<policy>-<compressor>[:arg]``, then
-    ``+ef`` | ``+ef21`` | ``+dir``.
+    ``+ef`` | ``+ef:model`` | ``+ef21`` | ``+dir``.
 
     Policies: ``cat``, ``dynamic``, ``hybrid`` (``:S``, default 200), ``fixed`` (``:T``);
     compressors: ``topk``, ``signtopk``, ``randk`` (and ``dense``). Examples: ``topk:64``,
@@ -84,10 +90,12 @@ def parse_method(spec: str) -> Method:
     """
     text = spec.strip()
     base, *parts = text.split("+")
+    model_units = "ef:model" in parts
+    parts = ["ef" if p == "ef:model" else p for p in parts]
     feedback, curvature = _suffixes(spec, parts)
     head, _, arg = base.partition(":")
     if head == "dense" and not arg:
-        return Method(text, "dense", "cat", feedback, curvature)
+        return Method(text, "dense", "cat", feedback, curvature, model_units)
     compressor, policy = _compressor_and_policy(spec, head, arg)
     if curvature == "directional" and (policy != "cat" or compressor == "randk"):
         raise ValueError(
@@ -100,7 +108,7 @@ def parse_method(spec: str) -> Method:
         raise ValueError(f"method {spec!r}: {exc}") from None
     if compressor == "randk" and policy.partition(":")[0] == "dynamic":
         raise ValueError(f"method {spec!r}: the dynamic rule is defined for topk/signtopk")
-    return Method(text, compressor, policy, feedback, curvature)
+    return Method(text, compressor, policy, feedback, curvature, model_units)
 
 
 __all__ = ["Method", "parse_method"]

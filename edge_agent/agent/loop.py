@@ -25,6 +25,7 @@ import numpy.typing as npt
 from edge_agent.agent.answers import Answers
 from edge_agent.agent.catchup import CatchUp, Want, want_for
 from edge_agent.agent.ledger import AgentCounters, CostLedger, RoundLog
+from edge_agent.agent.minibatch import for_agent
 from edge_agent.agent.replica import Replica
 from edge_agent.agent.sealer import Outgoing, Sealer
 from edge_agent.agent.signatures import SignatureCheck
@@ -42,7 +43,6 @@ from edge_agent.numerics.curvature import (
 )
 from edge_agent.numerics.feedback import FEEDBACK, Feedback
 from edge_agent.numerics.models import Model
-from edge_agent.numerics.sampling import EpochSampler, batch_rows
 from edge_agent.numerics.selection import Policy, Price, make_price, parse_policy
 from edge_agent.protocol import jobinfo, messages, topics
 from edge_agent.protocol.downlink import (
@@ -102,6 +102,11 @@ class AgentConfig:
     #: minibatch SGD: rows per gradient (an integer) or a fraction of the shard in (0, 1);
     #: None: the full local gradient. Rows drawn without replacement per epoch (sampling.py).
     batch_size: float | None = None
+    #: with ``batch_size`` and ``feedback="ef"``: keep the residual in model units under
+    #: the job's step schedule ``min(1/L, 2/(l2 (t + t0)))`` (``l2`` the model's, ``t0``
+    #: this: the job's AGG_SCHEDULE_T0); None (the default, it measured better): in
+    #: gradient units, classic EF. numerics/stochastic.py, StepRatio.
+    schedule_t0: float | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size is not None and not self.batch_size > 0:
@@ -160,22 +165,14 @@ class Agent:
         self.sealer = Sealer(config.mac_key, config.job, config.agent_id, wall_clock)
         self.on_round = on_round
         self.rng = np.random.default_rng(config.seed)
-        #: the minibatch sampler (its own stream of the seed), None for full gradients
-        self.sampler: EpochSampler | None = (
-            None
-            if config.batch_size is None
-            else EpochSampler(
-                data.n_rows,
-                batch_rows(config.batch_size, data.n_rows),
-                np.random.default_rng([config.seed, 1]),
-            )
-        )
         #: rows whose gradient was evaluated over all rounds (one full pass = data.n_rows)
         self.gradient_rows = 0
         self.policy: Policy = parse_policy(config.policy)
         self.feedback: Feedback = FEEDBACK[config.feedback](model.d)
         fit_rng = np.random.default_rng(config.seed)
         self.smoothness = model.smoothness(data, rng=fit_rng) if smoothness is None else smoothness
+        #: minibatch SGD (sampler, variance, residual units), None for full gradients
+        self.minibatch = for_agent(config, data, self.policy, self.smoothness, model.l2)
         #: what the updates carry: the feedback's semantics, or ``dir`` (family *mean*)
         self.semantics: Semantics = (
             "dir" if config.curvature == "directional" else self.feedback.semantics
@@ -502,6 +499,8 @@ class Agent:
         self.counters.resets += 1
         log.warning("the aggregator reset this agent's error-feedback state; rejoining fresh")
         self.feedback.reset()
+        if self.minibatch is not None:
+            self.minibatch.reset()
         self._last_blob = None  # never re-send a change computed from the old state
         self.sent_version = None
         self._fresh = True
@@ -529,10 +528,14 @@ class Agent:
         if cfg.mac_key is not None:  # a seq above every one it ever used, restarts included
             self.seq = self.sealer.take()
         t0 = time.perf_counter()
-        batch = self.data if self.sampler is None else self.data.take(self.sampler.next())
+        mb = self.minibatch
+        batch = self.data if mb is None else mb.draw(self.data)
         loss, g = self.model.loss_grad(self.x, batch)
         self.gradient_rows += batch.n_rows
+        variance = None if mb is None else mb.variance(self.model, self.x, batch, g)
         t1 = time.perf_counter()
+        if mb is not None:
+            mb.rescale(self.feedback, self.version)
         v = self.feedback.prepare(g)
         price = make_price(
             self.profile,
@@ -549,14 +552,20 @@ class Agent:
         if cfg.curvature == "directional":
             t, order, step = self._choose_directional(v, price)
         else:
-            chosen = self.policy.choose(v, cfg.compressor, price, self.rounds)
+            chosen = self.policy.choose(v, cfg.compressor, price, self.rounds, variance)
             t = max(cfg.t_min, min(chosen.t, cfg.t_max or v.size, v.size))
             order = (
                 chosen.indices if chosen.indices is not None and chosen.indices.size == t else None
             )
         t2 = time.perf_counter()
         update = compress(
-            v, cfg.compressor, t, rng=self.rng, value_dtype=cfg.value_dtype, order=order
+            v,
+            cfg.compressor,
+            t,
+            rng=self.rng,
+            value_dtype=cfg.value_dtype,
+            order=order,
+            noise=0.0 if variance is None else float(variance.sum()),
         )
         if step is not None:
             update = scale_for_step(update, step, self.smoothness, value_dtype=cfg.value_dtype)

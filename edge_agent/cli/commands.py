@@ -400,7 +400,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="how the update is compressed (one the job allows)",
     )
     run.add_argument(
-        "--policy", default="cat", help="how T is chosen: cat | fixed:T | dynamic | hybrid:S"
+        "--policy",
+        default="cat",
+        help="how T is chosen: cat | cat:nominal | fixed:T | dynamic | "
+        "hybrid:S (with --batch-size, cat prices the noisy gradient's expected decrease, "
+        "cat:nominal its deterministic gain; docs/algorithm.md)",
     )
     run.add_argument(
         "--feedback",

@@ -28,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from edge_agent.errors import lookup
+from edge_agent.numerics.stochastic import variance_scale
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -212,8 +213,12 @@ def compress_randk(
     value_dtype: ValueDtype,
     rng: np.random.Generator | None,
     order: IntArray | None,
+    noise: float = 0.0,
 ) -> Update:
-    """Stochastic sparsification (Wangni et al. 2018) with expected size t, pre-scaled by rho."""
+    """Stochastic sparsification (Wangni et al. 2018) with expected size t, pre-scaled by
+    rho = |g|^2 / V(T). ``noise``: the total variance of a minibatch ``g`` (the trace of its
+    covariance); rho is then ``max(|g|^2 - noise, 0) / V(T)``, the scale that maximises the
+    expected decrease of the noiseless gradient (edge_agent.numerics.stochastic)."""
     _check(g, t)
     if rng is None:
         raise ValueError("randk draws random numbers: pass rng=np.random.default_rng(seed)")
@@ -228,7 +233,7 @@ def compress_randk(
         )
     p, v = randk_probabilities(absg, t)
     keep = np.flatnonzero(rng.random(g.size) < p)
-    rho = norm2 / v
+    rho = variance_scale(norm2, noise, v)
     return Update(
         "randk", g.size, keep.astype(np.int64), _round(rho * g[keep] / p[keep], value_dtype)
     )
@@ -253,11 +258,13 @@ def compress(
     rng: np.random.Generator | None = None,
     value_dtype: ValueDtype = "float32",
     order: IntArray | None = None,
+    noise: float = 0.0,
 ) -> Update:
     """Compress ``g`` with the named compressor at level ``t``.
 
     ``order`` optionally passes the already-known sorted indices of the top-t entries
     (the selector finds them) to skip a second partition. ``rng`` is required by randk.
+    ``noise``: randk only, the total variance of a minibatch ``g`` (its scale shrinks).
     """
     fn = lookup(COMPRESSORS, name, "compressor")
     if value_dtype not in VALUE_DTYPES:
@@ -265,4 +272,8 @@ def compress(
     arr = np.ascontiguousarray(g, dtype=np.float64)
     if not np.isfinite(arr).all():
         raise ValueError("gradient has non-finite entries (nan or inf); refusing to send it")
+    if name == "randk":
+        return compress_randk(
+            arr, int(t), value_dtype=value_dtype, rng=rng, order=order, noise=noise
+        )
     return fn(arr, int(t), value_dtype=value_dtype, rng=rng, order=order)

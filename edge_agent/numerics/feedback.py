@@ -44,6 +44,12 @@ class Feedback(ABC):
     def reset(self) -> None:
         self.state[:] = 0.0
 
+    def rescale(self, factor: float) -> None:
+        """Multiply the memory by ``factor`` (the residual's step ratio under a decaying
+        schedule, numerics/stochastic.py StepRatio; meaningful for classic EF only)."""
+        if factor != 1.0:
+            self.state *= factor
+
 
 class NoFeedback(Feedback):
     """Plain CAT: compress the gradient itself."""

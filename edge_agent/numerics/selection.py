@@ -27,6 +27,7 @@ import numpy.typing as npt
 
 from edge_agent.errors import lookup
 from edge_agent.numerics.compressors import ValueDtype, top_indices
+from edge_agent.numerics.stochastic import noisy_gain
 from edge_agent.protocol.wire import update_sizer
 
 FloatArray = npt.NDArray[np.float64]
@@ -410,43 +411,111 @@ def dynamic_t(g: npt.ArrayLike, *, t_max: int | None = None) -> int:
 
 @dataclass
 class Policy:
-    """How an agent picks T each round; ``choose`` sees the vector it is about to compress."""
+    """How an agent picks T each round; ``choose`` sees the vector it is about to compress
+    and, for a minibatch gradient, the noise variance of each of its entries (``variance``;
+    None: an exact gradient). ``cat`` then prices the expected decrease
+    (:func:`select_noisy`); ``cat:nominal`` ignores the variance (the deterministic gain)."""
 
     name: str = "cat"
+    nominal: bool = field(default=False, kw_only=True)
 
-    def choose(self, v: FloatArray, compressor: str, price: Price, round_index: int) -> Selection:
+    def choose(
+        self,
+        v: FloatArray,
+        compressor: str,
+        price: Price,
+        round_index: int,
+        variance: FloatArray | None = None,
+    ) -> Selection:
+        if variance is not None and not self.nominal:
+            return select_noisy(v, variance, compressor, price)
         return select(v, compressor, price)
+
+    @property
+    def wants_variance(self) -> bool:
+        """True when ``choose`` uses the variance (the agent estimates it only then)."""
+        return self.name == "cat" and not self.nominal
 
 
 @dataclass
 class FixedPolicy(Policy):
     t: int = 1
 
-    def choose(self, v: FloatArray, compressor: str, price: Price, round_index: int) -> Selection:
+    def choose(
+        self,
+        v: FloatArray,
+        compressor: str,
+        price: Price,
+        round_index: int,
+        variance: FloatArray | None = None,
+    ) -> Selection:
         t = min(self.t, v.size)
         return Selection(t, float("nan"))
 
 
 @dataclass
 class DynamicPolicy(Policy):
-    def choose(self, v: FloatArray, compressor: str, price: Price, round_index: int) -> Selection:
+    def choose(
+        self,
+        v: FloatArray,
+        compressor: str,
+        price: Price,
+        round_index: int,
+        variance: FloatArray | None = None,
+    ) -> Selection:
         return Selection(dynamic_t(v), float("nan"))
 
 
 @dataclass
 class HybridPolicy(Policy):
-    """The paper's heuristic: solve for T* every ``every`` rounds, keep T fixed between."""
+    """The paper's heuristic: solve for T* every ``every`` rounds, keep T fixed between
+    (the deterministic gain)."""
 
     every: int = 200
     _t: int | None = field(default=None, repr=False)
     _last: int = field(default=-(10**18), repr=False)
 
-    def choose(self, v: FloatArray, compressor: str, price: Price, round_index: int) -> Selection:
+    def choose(
+        self,
+        v: FloatArray,
+        compressor: str,
+        price: Price,
+        round_index: int,
+        variance: FloatArray | None = None,
+    ) -> Selection:
         if self._t is None or round_index - self._last >= self.every:
             sel = select(v, compressor, price)
             self._t, self._last = sel.t, round_index
             return sel
         return Selection(min(self._t, v.size), float("nan"))
+
+
+def select_noisy(
+    v: npt.ArrayLike,
+    variance: npt.ArrayLike,
+    compressor: str,
+    price: Price,
+    *,
+    t_min: int = 1,
+    t_max: int | None = None,
+) -> Selection:
+    """CAT on a noisy vector: ``T* = argmax E[gain(T)] / cost(T)`` with the expected gains of
+    :func:`edge_agent.numerics.stochastic.noisy_gain` (topk, signtopk; entries in the order
+    of ``|v|``, ties by index as :func:`top_indices` breaks them). randk's T is the
+    deterministic one: the noise only lowers its gain by a factor independent of T (it
+    shrinks the scale instead, compressors.compress_randk); dense has nothing to choose.
+    Exhaustive (one sort of ``|v|``); zero variance gives :func:`select_exhaustive`'s T."""
+    arr, t_max = _prepare(v, t_min, t_max)
+    if compressor not in ("topk", "signtopk"):
+        return select_exhaustive(arr, compressor, price, t_min=t_min, t_max=t_max)
+    var = np.asarray(variance, dtype=np.float64)
+    absg = np.abs(arr)
+    order = np.argsort(-absg, kind="stable")[:t_max]
+    ts = np.arange(t_min, t_max + 1, dtype=np.int64)
+    ratio = noisy_gain(compressor, absg[order], var[order], ts) / price(ts)
+    k = _argmax(ratio)
+    t = int(ts[k])
+    return Selection(t, float(ratio[k]), np.sort(order[:t]).astype(np.int64))
 
 
 def _positive(text: str, what: str) -> int:
@@ -459,8 +528,14 @@ def _positive(text: str, what: str) -> int:
     return n
 
 
+def _cat(arg: str) -> Policy:
+    if arg not in ("", "nominal"):
+        raise ValueError(f"policy 'cat': expected 'cat' or 'cat:nominal', got 'cat:{arg}'")
+    return Policy("cat", nominal=arg == "nominal")
+
+
 POLICIES: dict[str, Callable[[str], Policy]] = {
-    "cat": lambda arg: Policy("cat"),
+    "cat": _cat,
     "fixed": lambda arg: FixedPolicy("fixed", _positive(arg, "fixed:T")),
     "dynamic": lambda arg: DynamicPolicy("dynamic"),
     "hybrid": lambda arg: HybridPolicy("hybrid", _positive(arg or "200", "hybrid:S")),
@@ -468,7 +543,9 @@ POLICIES: dict[str, Callable[[str], Policy]] = {
 
 
 def parse_policy(spec: str) -> Policy:
-    """``cat`` | ``fixed:T`` | ``dynamic`` | ``hybrid:S`` (S defaults to 200)."""
+    """``cat`` | ``cat:nominal`` | ``fixed:T`` | ``dynamic`` | ``hybrid:S`` (S defaults to
+    200). ``cat`` prices a minibatch gradient's expected decrease, ``cat:nominal`` the
+    deterministic gain of the noisy vector (for exact gradients the two are the same)."""
     name, _, arg = spec.partition(":")
     return lookup(POLICIES, name, "policy")(arg)
 

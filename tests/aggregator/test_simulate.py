@@ -206,3 +206,32 @@ def test_minibatch_runs_report_gradient_passes_and_reach_the_target(tmp_path: Pa
 
 def test_full_gradient_records_carry_no_gradient_fields(single: list[dict[str, Any]]) -> None:
     assert all("grad_passes" not in r and "batch_size" not in r for r in single)
+
+
+def test_periodic_snapshots_are_off_by_default_for_sgd_and_cost_downlink_bytes(
+    tmp_path: Path,
+) -> None:
+    sgd = ["--agents", "3", "--batch-size", "0.2", "--methods", "cat-signtopk+ef",
+           "--downlink", "cat", "--targets", "1e-1"]  # fmt: skip
+    default = run_cli(tmp_path, "default", *sgd)
+    off = run_cli(tmp_path, "off", *sgd, "--snapshot-every", "0")
+    every = run_cli(tmp_path, "every", *sgd, "--snapshot-every", "2")
+    assert default[0]["down_bytes"] == off[0]["down_bytes"]
+    # a snapshot every 2nd version: at least the float32 model to each agent each time
+    rounds, d = off[0]["rounds"], off[0]["d"]
+    assert rounds is not None and rounds >= 4
+    assert every[0]["down_bytes"] - off[0]["down_bytes"] >= (rounds // 2 - 1) * 3 * 4 * d // 2
+
+
+def test_a_negative_snapshot_cadence_exits_with_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([*TINY, "--no-progress", "--snapshot-every", "-1"]) == 2
+    assert "--snapshot-every" in capsys.readouterr().err
+
+
+def test_ef_model_grammar_keeps_the_residual_in_model_units() -> None:
+    plain, model_units = parse_method("cat-signtopk+ef"), parse_method("cat-signtopk+ef:model")
+    assert (plain.feedback, plain.ef_model_units) == ("ef", False)
+    assert (model_units.feedback, model_units.ef_model_units) == ("ef", True)
+    assert parse_method("cat-signtopk:nominal+ef").policy == "cat:nominal"
+    with pytest.raises(ValueError, match="cat:nominal"):
+        parse_method("cat-signtopk:loud+ef")

@@ -308,6 +308,46 @@ def test_minibatch_agent_evaluates_only_its_batch_and_still_descends(
     assert agent.model.loss(agent.x, shard) < agent.model.loss(np.zeros(D), shard)
 
 
+def test_a_minibatch_agent_prices_the_noise_of_its_gradient(
+    memory_url: str, peer: Peer, shard: Dataset
+) -> None:
+    """The same batch, model and (zero) residual: ``cat`` prices the expected decrease of
+    the noisy gradient and sends fewer entries than ``cat:nominal``. Only the agent given
+    the job's schedule (``schedule_t0``) keeps its residual in model units."""
+    agents = [
+        Agent(
+            AgentConfig(
+                job=JOB,
+                agent_id=name,
+                duty_cycle="ignore",
+                batch_size=0.1,
+                feedback="ef",
+                policy=policy,
+                compressor="signtopk",
+                schedule_t0=t0,
+            ),
+            model=make_model("logreg", n_features=D),
+            data=shard,
+            profile=resolve_profile("lorawan_eu868_dr5_sf7"),
+            transport=open_transport(memory_url, role="agent", client_id=name),
+        )
+        for name, policy, t0 in (("a1", "cat", None), ("a2", "cat:nominal", 0.0))
+    ]
+    for agent in agents:
+        agent.start()
+    peer.pump()
+    for agent in agents:
+        while (m := agent.transport.recv(timeout_s=0)) is not None:
+            agent.handle(m)
+        agent.step()
+    mb = [a.minibatch for a in agents]
+    assert mb[0] is not None and mb[1] is not None
+    assert mb[0].step_ratio is None and mb[1].step_ratio is not None
+    peer.pump(step=False)
+    t = {h.agent: h.t for h in peer.updates}
+    assert 1 <= t["a1"] < t["a2"], t
+
+
 def test_directional_pricing_refuses_a_minibatch() -> None:
     with pytest.raises(ValueError, match="batch_size"):
         AgentConfig(job=JOB, agent_id="a1", curvature="directional", batch_size=0.1)
