@@ -74,8 +74,30 @@ def find_program(name: str) -> str:
     return found
 
 
+class _PortBook:
+    """The ports this process has handed out, so that no two calls return the same port.
+
+    A port is free only until someone binds it, and callers often choose several before
+    starting anything (an HTTP port, then a ZeroMQ pair whose second port the OS may hand
+    straight back). Remembering what was given out closes that gap within one process.
+    """
+
+    def __init__(self) -> None:
+        self._given: set[int] = set()
+
+    def taken(self, *ports: int) -> bool:
+        return any(p in self._given for p in ports)
+
+    def give(self, *ports: int) -> None:
+        self._given.update(ports)
+
+
+_BOOK = _PortBook()
+
+
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports that were free on 127.0.0.1 a moment ago (the OS picks).
+    """``count`` distinct TCP ports that were free on 127.0.0.1 a moment ago (the OS picks),
+    none handed out before by this process (nor the second port of a ZeroMQ pair).
 
     All sockets stay bound until every port is chosen, so the ports are distinct. Another
     process may still take a port before the caller binds it; callers start at once.
@@ -83,12 +105,21 @@ def free_ports(count: int) -> list[int]:
     if count < 1:
         raise ValueError(f"free_ports: count must be at least 1, got {count}")
     sockets: list[socket.socket] = []
+    chosen: list[int] = []
     try:
-        for _ in range(count):
+        for _ in range(count * _PORT_ATTEMPTS):
+            if len(chosen) == count:
+                break
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sockets.append(s)
+            sockets.append(s)  # held, so the OS does not offer it again in this loop
             s.bind((HOST, 0))
-        return [int(s.getsockname()[1]) for s in sockets]
+            port = int(s.getsockname()[1])
+            if not _BOOK.taken(port):
+                chosen.append(port)
+        if len(chosen) < count:
+            raise RuntimeError(f"no {count} unused free TCP ports on {HOST}; free some ports")
+        _BOOK.give(*chosen)
+        return chosen
     finally:
         for s in sockets:
             s.close()
@@ -100,18 +131,20 @@ def free_port() -> int:
 
 
 def free_port_pair() -> int:
-    """A port p such that p and p + 1 were both free on 127.0.0.1 (ZeroMQ binds both)."""
+    """A port p such that p and p + 1 were both free on 127.0.0.1 (ZeroMQ binds both), neither
+    handed out before by this process."""
     for _ in range(_PORT_ATTEMPTS):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as first:
             first.bind((HOST, 0))
             port = int(first.getsockname()[1])
-            if port >= 65535:
+            if port >= 65535 or _BOOK.taken(port, port + 1):
                 continue
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as second:
                 try:
                     second.bind((HOST, port + 1))
                 except OSError:
                     continue
+                _BOOK.give(port, port + 1)
                 return port
     raise RuntimeError(
         f"no two adjacent free TCP ports on {HOST} in {_PORT_ATTEMPTS} tries; "

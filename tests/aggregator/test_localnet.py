@@ -71,6 +71,16 @@ def test_free_port_pair_gives_two_consecutive_free_ports() -> None:
         b.bind((HOST, port + 1))  # raises if p + 1 was not free
 
 
+def test_no_port_is_handed_out_twice_nor_a_pair_s_second_port() -> None:
+    """A service's HTTP port chosen after its ZeroMQ pair must not be the pair's p + 1 (the
+    OS often offers a just-released neighbour again): CI once failed on exactly that."""
+    port = free_port_pair()
+    later = free_ports(64) + [free_port() for _ in range(64)]
+    assert port not in later and port + 1 not in later
+    assert len(set(later)) == len(later)
+    assert free_port_pair() not in (port - 1, port, port + 1)
+
+
 def test_wait_for_port_is_bounded_and_sees_a_listener() -> None:
     with socket.socket() as server:
         server.bind((HOST, 0))

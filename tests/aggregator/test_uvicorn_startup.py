@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.localnet import ServiceProcess, free_port, service_env
+from aggregator.localnet import ServiceProcess, free_port, free_port_pair, service_env
 from aggregator.service.store import CHECKPOINT
 
 TEXT_LINE = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (INFO|WARNING|ERROR) [\w.]+: "
@@ -83,7 +83,7 @@ def test_a_corrupt_checkpoint_ends_in_one_line_naming_the_file(tmp_path: Path) -
     data = tmp_path / "data"
     data.mkdir()
     (data / CHECKPOINT).write_bytes(os.urandom(300))
-    proc = _uvicorn(tmp_path, AGG_D="3", AGG_TRANSPORTS=f"zmq+tcp://127.0.0.1:{free_port()}")
+    proc = _uvicorn(tmp_path, AGG_D="3", AGG_TRANSPORTS=f"zmq+tcp://127.0.0.1:{free_port_pair()}")
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr, proc.stderr
     last = proc.stderr.splitlines()[-1]  # the store logs first which file it kept aside
@@ -96,7 +96,7 @@ def test_the_service_logs_its_info_lines_under_uvicorn(tmp_path: Path, fmt: str)
     settings = {
         "AGG_D": "3",
         "AGG_DATA_DIR": str(tmp_path / "data"),
-        "AGG_TRANSPORTS": f"zmq+tcp://127.0.0.1:{free_port()}",
+        "AGG_TRANSPORTS": f"zmq+tcp://127.0.0.1:{free_port_pair()}",
         "AGG_LOG_FORMAT": fmt,
     }
     service = ServiceProcess(tmp_path, settings)

@@ -26,7 +26,13 @@ from typing import Any
 import pytest
 from e2e_helpers import wait_until
 
-from aggregator.localnet import MosquittoBroker, ServiceProcess, free_port, service_env
+from aggregator.localnet import (
+    MosquittoBroker,
+    ServiceProcess,
+    free_port,
+    free_port_pair,
+    service_env,
+)
 from edge_agent.links.profiles import PROFILES_DIR_ENV
 from edge_agent.protocol import messages, topics
 from edge_agent.transports import open_transport
@@ -50,7 +56,7 @@ def _settings(tmp_path: Path, transport: str, **more: str) -> dict[str, str]:
 
 
 def _zmq() -> str:
-    return f"zmq+tcp://127.0.0.1:{free_port()}"
+    return f"zmq+tcp://127.0.0.1:{free_port_pair()}"
 
 
 def _run(cmd: list[str], env: Mapping[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
