@@ -130,10 +130,12 @@ class Settings(BaseSettings):
         "seconds for busy downlinks (a LoRaWAN daily cap can hold it for hours), then closes "
         "without the agents whose links hold it; they catch up when their links are free.",
     )
-    snapshot_every: int = Field(
-        50,
+    snapshot_every: int | None = Field(
+        None,
         ge=0,
-        description="Also retain a full snapshot every N versions (0: start/request only).",
+        description="Also retain a full snapshot every N versions (0: start/request only). "
+        "Unset: 50, or 0 in a minibatch job (AGG_BATCH_SIZE), whose hundreds of versions "
+        "would make the snapshots outweigh the compressed traffic.",
     )
     # --- what agents may claim (aggregator.engine.admission.Limits, docs/operating.md)
     step_rule: Literal["mean", "median"] = Field(
@@ -354,6 +356,13 @@ class Settings(BaseSettings):
         return self._token
 
     @property
+    def effective_snapshot_every(self) -> int:
+        """AGG_SNAPSHOT_EVERY as set, else 0 for a minibatch job and the engine's default."""
+        if self.snapshot_every is not None:
+            return self.snapshot_every
+        return 0 if self.batch_size is not None else EngineConfig.snapshot_every
+
+    @property
     def transport_client_id(self) -> str:
         return self.client_id or f"aggregator-{self.job}"
 
@@ -374,7 +383,7 @@ class Settings(BaseSettings):
             max_staleness=self.max_staleness,
             liveness_timeout_s=self.liveness_timeout_s,
             dedupe_window=max(self.dedupe_window, self.max_staleness),
-            snapshot_every=self.snapshot_every,
+            snapshot_every=self.effective_snapshot_every,
             ef21_step_factor=self.ef21_step_factor,
             aggregation=parse_aggregation(self.aggregation),
             downlink=self.downlink,

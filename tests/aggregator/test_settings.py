@@ -119,3 +119,17 @@ def test_settings_are_frozen() -> None:
 def test_create_app_reads_no_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AGG_D", "not a number")
     create_app()  # settings are read when the lifespan starts, not here
+
+
+def test_a_minibatch_job_retains_no_periodic_snapshot_unless_told(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AGG_D", "10")
+    assert load_settings().engine_config().snapshot_every == 50
+    monkeypatch.setenv("AGG_BATCH_SIZE", "0.1")
+    assert load_settings().engine_config().snapshot_every == 0
+    monkeypatch.setenv("AGG_SNAPSHOT_EVERY", "20")
+    assert load_settings().engine_config().snapshot_every == 20
+    monkeypatch.delenv("AGG_BATCH_SIZE")
+    monkeypatch.setenv("AGG_SNAPSHOT_EVERY", "0")
+    assert load_settings().engine_config().snapshot_every == 0
