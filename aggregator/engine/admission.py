@@ -31,6 +31,7 @@ REJECT_REASONS: Final[tuple[str, ...]] = (
     "wrong_model",
     "wrong_compressor",
     "wrong_semantics",
+    "wrong_batch_size",
     "out_of_bounds",
     "unknown_profile",
     "too_many_agents",
@@ -203,12 +204,14 @@ def check_hello(
     fixed_step: bool = False,
     limits: Limits | None = None,
     feedback: str = "any",
+    batch_size: float | None = None,
 ) -> messages.Hello:
     """A hello that fits the job and ``limits`` (None: the defaults). ``feedback``: the
     job's configured feedback (``AGG_FEEDBACK``; ``any``: ``family`` decides); ``family``:
     the job's semantics family so far (None: not fixed yet); ``alone``: no other agent is
     registered, so an unconfigured family may change; ``fixed_step``: the job configures
-    its step size (``dir`` agents need ``1/L``)."""
+    its step size (``dir`` agents need ``1/L``); ``batch_size``: the job's minibatch
+    (``AGG_BATCH_SIZE``; None: any, full gradients included)."""
     try:
         hello = messages.parse(messages.Hello, blob)
     except WireFormatError as exc:
@@ -234,10 +237,24 @@ def check_hello(
             f"{agent}: {hello.compressor!r}; job accepts {', '.join(COMPRESSOR_IDS)}",
         )
     check_family(hello, feedback=feedback, family=family, alone=alone)
+    check_batch_size(hello, batch_size)
     if hello.semantics == "dir":
         _check_directional(hello, fixed_step=fixed_step)
     check_hello_bounds(hello, limits or Limits())
     return hello
+
+
+def check_batch_size(hello: messages.Hello, batch_size: float | None) -> None:
+    """Raise ``wrong_batch_size`` when the job runs minibatch SGD with ``batch_size`` and the
+    hello claims another (a hello without one computes full gradients)."""
+    if batch_size is None or hello.batch_size == batch_size:
+        return
+    own = "full gradients" if hello.batch_size is None else f"batch size {hello.batch_size:g}"
+    raise Reject(
+        "wrong_batch_size",
+        f"{hello.agent}: {own}; job runs minibatch SGD with batch size {batch_size:g} "
+        f"(AGG_BATCH_SIZE); run the agent with --batch-size {batch_size:g}",
+    )
 
 
 def check_hello_bounds(hello: messages.Hello, limits: Limits) -> None:

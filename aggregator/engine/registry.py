@@ -203,7 +203,8 @@ class AgentRegistry:
         hello = admission.check_hello(text, agent=agent, job=cfg.job, d=cfg.d, model=cfg.model,
                                       family=family, alone=self.only(agent),
                                       fixed_step=cfg.step_size is not None, limits=cfg.limits,
-                                      feedback=cfg.feedback)  # fmt: skip
+                                      feedback=cfg.feedback,
+                                      batch_size=cfg.batch_size)  # fmt: skip
         known = self._agents.get(agent)
         admission.check_claims(hello, None if known is None else known.hello)
         self.check_signed(agent, hello.ctr, signed=signed, kind="hello")

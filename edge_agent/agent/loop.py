@@ -258,6 +258,7 @@ class Agent:
             next_seq=self.sealer.next_seq(self.seq),
             version=self.version,
             group=self.config.group,
+            batch_size=self.config.batch_size,
             will_ctr=self.sealer.will_ctr,
         )
         # no separate "online" status: a hello marks the agent online at the aggregator, and

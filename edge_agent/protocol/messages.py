@@ -309,6 +309,9 @@ class Hello(_Msg):
     #: the shared downlink group (multicast) it receives job-wide messages on; None: the
     #: one its profile's ``downlink.shared`` names, or unicast without one
     group: str | None = _spec(_optional(_text(1, 64)), None)
+    #: minibatch SGD: rows per gradient or a fraction of the shard (``--batch-size``);
+    #: None: full local gradients
+    batch_size: float | None = _spec(_optional(_bounded(_finite_float, gt=0)), None)
     ctr: int | None = _spec(_COUNTER, None)
     will_ctr: int | None = _spec(_COUNTER, None)
 
@@ -367,9 +370,10 @@ class Control(_Msg):
 
 
 #: Refusal reasons that cannot heal by retrying: the agent's settings (feedback, d, model,
-#: compressor) do not fit the job's. An agent stops after a few of them (``--max-refusals``).
+#: compressor, batch size) do not fit the job's. An agent stops after a few of them
+#: (``--max-refusals``).
 REFUSAL_FATAL: frozenset[str] = frozenset(
-    {"wrong_semantics", "wrong_d", "wrong_model", "wrong_compressor"}
+    {"wrong_semantics", "wrong_d", "wrong_model", "wrong_compressor", "wrong_batch_size"}
 )
 
 

@@ -78,6 +78,27 @@ def test_a_refused_hello_is_answered_to_that_agent(
     assert in_detail in ctl.detail
 
 
+@pytest.mark.parametrize(
+    ("fields", "in_detail"),
+    [({}, "full gradients"), ({"batch_size": 0.2}, "batch size 0.2")],
+)
+def test_a_minibatch_job_refuses_a_hello_with_another_batch_and_takes_its_own(
+    fields: dict[str, Any], in_detail: str
+) -> None:
+    eng = RoundEngine(EngineConfig(job=JOB, d=D, step_size=0.5, batch_size=0.1))
+    eff = eng.handle(*hello("bad", **fields), 0.0)
+    assert eff.reason == "wrong_batch_size" and eng.rejected["wrong_batch_size"] == 1
+    [ctl] = refusals(eff.outbound)
+    assert (ctl.agent, ctl.reason) == ("bad", "wrong_batch_size")
+    assert in_detail in ctl.detail and "--batch-size 0.1" in ctl.detail
+    assert "wrong_batch_size" in messages.REFUSAL_FATAL  # the agent gives up, as on wrong_d
+    assert eng.handle(*hello("good", batch_size=0.1), 1.0).reason is None
+    # a job without AGG_BATCH_SIZE takes any batch, full gradients included
+    anyjob = make_engine()
+    assert anyjob.handle(*hello("sgd", batch_size=0.2), 0.0).reason is None
+    assert anyjob.handle(*hello("gd"), 0.0).reason is None
+
+
 def test_wrong_semantics_is_answered_and_the_update_before_a_hello_too() -> None:
     eng = make_engine()
     assert eng.handle(*hello("a"), 0.0).reason is None

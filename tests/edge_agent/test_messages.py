@@ -44,6 +44,7 @@ class Hello(_Msg):
     next_seq: int = Field(default=0, ge=0)
     version: int | None = Field(default=None, ge=0)
     group: str | None = Field(default=None, min_length=1, max_length=64)
+    batch_size: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     ctr: int | None = Field(default=None, ge=0)  # new
     will_ctr: int | None = Field(default=None, ge=0)  # new
 
