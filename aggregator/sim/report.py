@@ -21,7 +21,7 @@ import numpy.typing as npt
 from aggregator.sim.audit import worst
 from aggregator.sim.experiment import DEFAULT_TARGETS, DOWN_FIELDS, METRICS, RunResult
 from aggregator.sim.problem import Fleet
-from aggregator.web.eta import estimate
+from aggregator.web.eta import Eta, estimate
 
 #: JSON fields measured on the wall clock: the only ones two same-seed runs disagree on.
 TIMING_FIELDS: Final[tuple[str, ...]] = ("selection_s", "selection_s_per_round", "wall_s")
@@ -88,20 +88,30 @@ def eta_at(result: RunResult, target: float, version: int = ETA_VERSION) -> floa
     0..``version`` of their close times and losses (None: the run has fewer versions, or the
     ETA was unknown). The relative suboptimality stands in for the loss: it is an affine
     function of it (``(f - f*) / (f0 - f*)``), so the fit and the versions left are the same."""
-    tr = result.trace
-    if len(tr.subopt) <= version:
-        return None
-    points = [(k, tr.sim_time_s[k], tr.subopt[k]) for k in range(version + 1)]
-    eta = estimate(points, target)
+    eta = _eta_of(result, target, version)
     return None if eta is None else eta.at + eta.eta_s
 
 
+def _eta_of(result: RunResult, target: float, version: int) -> Eta | None:
+    """The :class:`~aggregator.web.eta.Eta` of versions 0..``version`` (None: fewer)."""
+    tr = result.trace
+    if len(tr.subopt) <= version:
+        return None
+    return estimate([(k, tr.sim_time_s[k], tr.subopt[k]) for k in range(version + 1)], target)
+
+
 def _eta_fields(result: RunResult, target: float, k: int | None) -> dict[str, Any]:
-    """``eta_at_round_5_s`` and its ratio to the time actually taken (``eta_ratio``)."""
-    predicted = eta_at(result, target)
+    """``eta_at_round_5_s``, its ratio to the time actually taken (``eta_ratio``) and
+    whether ``/status`` would have flagged it a lower bound (``eta_lower_bound``)."""
+    eta = _eta_of(result, target, ETA_VERSION)
+    predicted = None if eta is None else eta.at + eta.eta_s
     taken = None if k is None else result.trace.sim_time_s[k]
     ratio = None if predicted is None or not taken else predicted / taken
-    return {f"eta_at_round_{ETA_VERSION}_s": predicted, "eta_ratio": ratio}
+    return {
+        f"eta_at_round_{ETA_VERSION}_s": predicted,
+        "eta_ratio": ratio,
+        "eta_lower_bound": None if eta is None else eta.lower_bound,
+    }
 
 
 def _gradients(result: RunResult, k: int | None) -> dict[str, Any]:

@@ -9,7 +9,7 @@ for which it covers ``loss - target`` is the versions left. Early in a run the d
 still grow (EF21's states ``h_i`` start at zero and fill over the first versions): while the
 fit gives ``rho >= 1`` the decreases are taken to stay at the mean of the last two
 (``rho`` reported as 1), since no rate of decay is measurable yet; a linear run's decreases
-fall later, so this count is low, not high.
+fall later, so this count is low, not high, and the ETA says so (``lower_bound``).
 
 Seconds per version. The times between versions may grow too (CAT's T grows as the states
 fill, and with it the slowest radio's airtime and silence): a least-squares line through
@@ -46,7 +46,9 @@ class Eta:
     """``eta_s``: seconds after the last version's close (``at``, engine time) until the
     target is reached; ``versions_left``; ``rho``: the fitted ratio of successive
     decreases (1.0 while they still grow); ``seconds_per_version``: the mean over the
-    versions left of the trend fitted on the window of ``window`` versions."""
+    versions left of the trend fitted on the window of ``window`` versions;
+    ``lower_bound``: the decreases still grow, so ``versions_left`` holds them at their
+    recent level and the target will most likely be reached later than ``eta_s``."""
 
     target_loss: float
     eta_s: float
@@ -55,6 +57,7 @@ class Eta:
     rho: float
     seconds_per_version: float
     window: int
+    lower_bound: bool = False
 
 
 def estimate(points: Sequence[tuple[int, float, float | None]], target: float | None) -> Eta | None:
@@ -83,7 +86,7 @@ def estimate(points: Sequence[tuple[int, float, float | None]], target: float | 
     steps = _steps_ahead(v, t, n)
     if not steps >= 0.0:
         return None
-    return Eta(target, steps, at, n, rho, steps / n, len(rows))
+    return Eta(target, steps, at, n, rho, steps / n, len(rows), lower_bound=rho >= 1.0)
 
 
 def _versions_left(

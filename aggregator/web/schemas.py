@@ -157,6 +157,9 @@ class EtaOut(_Out):
     rho: float = Field(description="Fitted ratio of successive per-version loss decreases.")
     seconds_per_version: float = Field(description="Mean over the fitted window.")
     window: int = Field(description="Versions with a loss the fit used.")
+    lower_bound: bool = Field(
+        description="The decreases still grow (rho 1): the target is most likely later."
+    )
 
     @classmethod
     def of(cls, eta: Eta | None) -> EtaOut | None:
@@ -164,7 +167,8 @@ class EtaOut(_Out):
             return None
         return cls(target_loss=eta.target_loss, eta_s=eta.eta_s, eta_at=eta.at + eta.eta_s,
                    versions_left=eta.versions_left, rho=eta.rho,
-                   seconds_per_version=eta.seconds_per_version, window=eta.window)  # fmt: skip
+                   seconds_per_version=eta.seconds_per_version, window=eta.window,
+                   lower_bound=eta.lower_bound)  # fmt: skip
 
 
 class StatusOut(_Out):

@@ -43,6 +43,7 @@ def test_a_geometric_history_gives_the_versions_it_takes() -> None:
     assert eta.versions_left == 9
     assert eta.eta_s == pytest.approx(9 * 30.0)
     assert eta.at == hist[-1][1]
+    assert not eta.lower_bound  # a measured rate of decay: an estimate, not a bound
 
 
 def test_unknown_when_no_target_too_few_points_a_rise_or_a_plateau() -> None:
@@ -71,6 +72,7 @@ def test_growing_decreases_are_held_at_the_last_two() -> None:
     eta = estimate(hist, 10.0 - 2.5 - 9 * 0.8)  # 9 x the last two's mean (0.8) left
     assert eta is not None and eta.rho == 1.0 and eta.versions_left == 9
     assert eta.eta_s == pytest.approx(90.0)
+    assert eta.lower_bound  # no decay measurable yet: the count holds the decreases up
 
 
 def test_a_reached_target_is_zero_seconds_away() -> None:
@@ -151,6 +153,7 @@ def test_status_gives_the_eta_of_a_descending_job_over_http(
             assert eta["target_loss"] == pytest.approx(target)
             assert 2 <= eta["versions_left"] <= 6
             assert 0.0 < eta["rho"] < 1.0 and eta["window"] == 11
+            assert eta["lower_bound"] is False
             assert eta["eta_s"] == pytest.approx(eta["versions_left"] * eta["seconds_per_version"])
             assert eta["eta_at"] >= rounds[-1]["closed_at"]
             assert http.get("/status", params={"target": loss + 1.0}).json()["eta"]["eta_s"] == 0

@@ -52,6 +52,7 @@ def test_records_carry_the_eta_and_its_ratio(tmp_path: Path) -> None:
     eta = rec[f"eta_at_round_{ETA_VERSION}_s"]
     assert eta is not None and 0 < eta < rec["sim_time_s"] * 10
     assert rec["eta_ratio"] == pytest.approx(eta / rec["sim_time_s"])
+    assert isinstance(rec["eta_lower_bound"], bool)
 
 
 @pytest.mark.parametrize(

@@ -561,9 +561,12 @@
     text("accuracy", fmtPercent(s.accuracy));
     /* /status eta: time to the target loss at the recent rate (null: no target, or unknown) */
     const eta = s.eta;
-    text("eta", eta ? (eta.eta_s > 0 ? fmtSeconds(eta.eta_s) : "reached") : "–",
-      eta ? `loss ${fmtLoss(eta.target_loss)} in ${eta.versions_left} versions of ` +
-        `${fmtSeconds(eta.seconds_per_version)} (fit over the last ${eta.window})`
+    /* lower_bound: the decreases still grow, the count holds them at their level: "at least" */
+    const atLeast = eta && eta.lower_bound && eta.eta_s > 0 ? "≥ " : "";
+    text("eta", eta ? (eta.eta_s > 0 ? atLeast + fmtSeconds(eta.eta_s) : "reached") : "–",
+      eta ? `loss ${fmtLoss(eta.target_loss)} in ${atLeast}${eta.versions_left} versions of ` +
+        `${fmtSeconds(eta.seconds_per_version)} (fit over the last ${eta.window})` +
+        (atLeast ? "; the decreases still grow, so the target is most likely later" : "")
         : "no target loss (AGG_TARGET_LOSS), or the recent rate does not reach it");
     text("live", isNum(s.live_agents) ? `${s.live_agents} / ${isNum(s.agents) ? s.agents : "?"}` : "–");
     const fin = $("finish");
