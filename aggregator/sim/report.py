@@ -286,6 +286,12 @@ _TABLE_COLUMNS: Final[tuple[tuple[str, str], ...]] = (
 )
 
 
+def _cell(rec: dict[str, Any], key: str) -> str:
+    """``rec[key]`` as the table shows it; an ETA that can only be early reads ">=..."."""
+    text = _fmt(rec[key])
+    return ">=" + text if key.startswith("eta_") and rec.get("eta_lower_bound") else text
+
+
 def _unmodelled_note(fleet: Fleet) -> str:
     missing = not_modelled(fleet)
     return f"\n   compute energy not modelled (0) for: {', '.join(missing)}" if missing else ""
@@ -311,7 +317,7 @@ def summary_table(results: Sequence[RunResult], targets: Sequence[float]) -> str
                     rec["downlink"],
                     f"{rec['target']:g}",
                     _fmt(rec["rounds"]),
-                    *(_fmt(rec[key]) for _, key in shown),
+                    *(_cell(rec, key) for _, key in shown),
                     f"{rec['final_suboptimality']:.2e}",
                     f"{1e3 * rec['selection_s_per_round']:.3f}",
                 )

@@ -65,3 +65,14 @@ def test_the_table_shows_the_eta_only_where_time_passes(
             "--profile", profile, "--methods", "dense", "--targets", "0.1", "--no-progress"]  # fmt: skip
     assert cli.main(argv) == 0
     assert (f"eta@{ETA_VERSION}_s" in capsys.readouterr().out) is shown
+
+
+def test_the_table_marks_an_eta_that_can_only_be_early() -> None:
+    from aggregator.sim.report import _cell
+
+    key = f"eta_at_round_{ETA_VERSION}_s"
+    assert _cell({key: 1234.0, "eta_lower_bound": True}, key).startswith(">=")
+    assert not _cell({key: 1234.0, "eta_lower_bound": False}, key).startswith(">=")
+    assert _cell({"sim_time_s": 1234.0, "eta_lower_bound": True}, "sim_time_s") == _cell(
+        {"sim_time_s": 1234.0}, "sim_time_s"
+    )
