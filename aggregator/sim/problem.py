@@ -113,9 +113,10 @@ def agent_seed(seed: int, index: int) -> int:
 
 
 def on_group(profile: CostProfile, group: CostProfile) -> CostProfile:
-    """``profile`` with ``group``'s shared downlink (``downlink.shared``) when both are the
-    same technology in the same region (the first two parts of their names, e.g.
-    ``lorawan_eu868``) and ``profile`` has a unicast downlink; else ``profile`` itself.
+    """``profile`` with ``group``'s shared downlink (``downlink.shared``), uplink fair-use cap
+    and uplink sub-bands when both are the same technology in the same region (the first
+    two parts of their names, e.g. ``lorawan_eu868``) and ``profile`` has a unicast
+    downlink; else ``profile`` itself.
     The result is named ``<profile>.<group>``."""
     shared = group.shared_downlink
     if shared is None:
@@ -126,11 +127,13 @@ def on_group(profile: CostProfile, group: CostProfile) -> CostProfile:
     if profile.shared_downlink is not None:
         return profile
     down = dataclasses.replace(profile.downlink, shared=shared)
-    # the group's network server is the group profile's: its fair-use cap (none on a
-    # private network server, which a multicast group needs: docs/multicast.md) replaces
-    # the member's own
+    # the group's network server is the group profile's (a private one, which a multicast
+    # group needs: docs/multicast.md): its fair-use cap (none) and its channel plan (the
+    # sub-bands its uplink channels lie in) replace the member's own
+    bands = profile.duty_cycle_bands if profile.duty_cycle is None else group.duty_cycle_bands
     return dataclasses.replace(profile, name=f"{profile.name}.{group.name}", downlink=down,
-                               uplink_airtime_per_day_s=group.uplink_airtime_per_day_s)  # fmt: skip
+                               uplink_airtime_per_day_s=group.uplink_airtime_per_day_s,
+                               duty_cycle_bands=bands)  # fmt: skip
 
 
 def build_fleet(

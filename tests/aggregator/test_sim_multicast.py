@@ -118,3 +118,28 @@ def test_a_group_on_a_private_network_server_has_no_fair_use_cap() -> None:
     member = on_group(resolve_profile("lorawan_eu868_dr0_sf12"), resolve_profile(GROUP))
     assert member.uplink_airtime_per_day_s is None
     assert member.uplink_duty_share == pytest.approx(0.02)
+
+
+THREE = "lorawan_eu868_dr0_sf12_mcast_c_dr3_3band"  # a private plan with a third 1 % sub-band
+
+
+def test_the_groups_channel_plan_replaces_the_members() -> None:
+    sf12, sf7 = resolve_profile("lorawan_eu868_dr0_sf12"), resolve_profile("lorawan_eu868_dr5_sf7")
+    for member in (on_group(sf12, resolve_profile(THREE)), on_group(sf7, resolve_profile(THREE))):
+        assert member.duty_cycle_bands == 3
+        assert member.uplink_duty_share == pytest.approx(0.03)
+    assert on_group(sf12, resolve_profile(GROUP)).duty_cycle_bands == 2  # TTN's plan
+    ble = resolve_profile("ble5_2m_dle_notify")  # not on the group: untouched
+    assert on_group(ble, resolve_profile(THREE)) is ble
+
+
+def test_a_third_sub_band_shortens_the_run_and_keeps_every_limit(
+    runs: tuple[dict[str, Any], dict[str, Any]], tmp_path: Path
+) -> None:
+    _, two = runs
+    three = _run(tmp_path, "three", "--multicast", THREE)
+    assert three["audit_worst_margin"] >= 0.0, three["audit_worst_limit"]
+    assert three["rounds"] == two["rounds"] and three["total_bytes"] == two["total_bytes"]
+    # the SF12 member's silence binds: 32.3 t instead of 49 t per update
+    assert three["up_wait_s"] < 0.8 * two["up_wait_s"]
+    assert three["sim_time_s"] < two["sim_time_s"]
