@@ -21,6 +21,7 @@ MULTICAST = {
     "lorawan_eu868_dr0_sf12_mcast_c_dr3": "lorawan_eu868_dr0_sf12",
     "lorawan_eu868_dr0_sf12_mcast_b_dr3": "lorawan_eu868_dr0_sf12",
     "lorawan_eu868_dr0_sf12_mcast_c_dr3_3band": "lorawan_eu868_dr0_sf12",
+    "lorawan_eu868_dr0_sf12_mcast_b_dr3_3band": "lorawan_eu868_dr0_sf12",
     "lorawan_us915_dr0_sf10_mcast_c_dr10": "lorawan_us915_dr0_sf10",
     "lorawan_us915_dr0_sf10_mcast_b_dr10": "lorawan_us915_dr0_sf10",
     "ble5_2m_dle_notify_periodic_adv": "ble5_2m_dle_notify",
