@@ -1,5 +1,6 @@
 """A LoRaWAN EU868 agent with default flags keeps its duty cycle (1 % in each of its two
-sub-bands) against a real aggregator.
+sub-bands on TTN's plan, three on a multicast group's private plan) against a real
+aggregator.
 
 Default flags: ``duty_cycle="wait"`` and ``resend_s=10``. The agent starts before the
 aggregator (so it says hello into the void, with its back-off) and the aggregator is
@@ -38,11 +39,20 @@ pytestmark = pytest.mark.integration
 SCALE = 40.0
 
 
-def fast_lorawan() -> CostProfile:
-    """``lorawan_eu868_dr5_sf7`` with every airtime / SCALE, the same duty cycle: 1 % in each
-    of two sub-bands, 2 % of the time on the air."""
-    profile = scaled_profile("lorawan_eu868_dr5_sf7", "lorawan_eu868_dr5_sf7_fast", SCALE)
-    assert (profile.duty_cycle, profile.duty_cycle_bands) == (0.01, 2)
+#: the profiles run: TTN's plan (two 1 % sub-bands), and a multicast group member on a
+#: private plan with a third (its SF12 airtimes scaled harder, to keep the run short)
+PLANS = [
+    ("lorawan_eu868_dr5_sf7", SCALE, 2),
+    ("lorawan_eu868_dr0_sf12_mcast_c_dr3_3band", 400.0, 3),
+]
+
+
+def fast_lorawan(name: str = "lorawan_eu868_dr5_sf7", scale: float = SCALE,
+                 bands: int = 2) -> CostProfile:  # fmt: skip
+    """``name`` with every airtime / ``scale``, the same duty cycle: 1 % in each of
+    ``bands`` sub-bands."""
+    profile = scaled_profile(name, f"{name}_fast", scale)
+    assert (profile.duty_cycle, profile.duty_cycle_bands) == (0.01, bands)
     return profile
 
 
@@ -50,10 +60,11 @@ def _version(services: list[AggregatorService]) -> int:
     return int(services[-1].read(lambda e: e.version))
 
 
+@pytest.mark.parametrize(("name", "scale", "bands"), PLANS)
 def test_lorawan_agent_with_default_flags_stays_within_its_duty_cycle(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, scale: float, bands: int
 ) -> None:
-    profile = fast_lorawan()
+    profile = fast_lorawan(name, scale, bands)
     # the aggregator prices a hello's profile from its profiles directory (an unknown one is
     # refused): the test copy lives in a directory of its own
     profiles = tmp_path / "profiles"
@@ -93,7 +104,7 @@ def test_lorawan_agent_with_default_flags_stays_within_its_duty_cycle(
             s.stop()
 
     sent, ledger, dc = agent.transport.sent, agent.agent.ledger, profile.uplink_duty_share
-    assert dc is not None and dc == pytest.approx(0.02)
+    assert dc is not None and dc == pytest.approx(0.01 * bands)
     hello = topics.hello(job, "lora-0")
     update = topics.update(job, "lora-0")
     assert sum(s.topic == hello for s in sent) >= 2, "the hellos before the aggregator"
