@@ -35,6 +35,7 @@ REJECT_REASONS: Final[tuple[str, ...]] = (
     "out_of_bounds",
     "unknown_profile",
     "too_many_agents",
+    "local_members_fixed",
     "too_large",
     "oversize",
     "would_diverge",
@@ -346,6 +347,12 @@ def check_family(hello: messages.Hello, *, feedback: str, family: str | None, al
     lone agent may still change). The detail names the job's value and the fix."""
     own = semantics_family(hello.semantics)
     want = jobinfo.family_of(feedback)
+    if own == "local" and want != "local":
+        raise Reject(
+            "wrong_semantics",
+            f"{hello.agent}: local training; job {hello.job} does not run it (AGG_FEEDBACK="
+            f"{feedback}; set AGG_LOCAL_STEPS for local training)",
+        )
     if want is not None and own != want:
         raise Reject(
             "wrong_semantics",

@@ -1,11 +1,14 @@
 """The model one job serves and the state its steps need: ``x``, the update family, the
-EF21 mirror (:mod:`edge_agent.numerics.aggregation`), the update guard and the broadcast of
-each new version. :class:`JobModel` is the only writer of that state; it exports and
-restores it itself (the checkpoint's ``x``, ``h``, ``sum_h`` arrays and its ``family``,
-``downlink`` and ``guard`` meta)."""
+EF21 mirror (:mod:`edge_agent.numerics.aggregation`), the local-training hub of a ``local``
+job (:class:`edge_agent.numerics.local.LocalHub`: ``x`` is then the anchor ``y``), the
+update guard and the broadcast of each new version. :class:`JobModel` is the only writer
+of that state; it exports and restores it itself (the checkpoint's ``x``, ``h``, ``sum_h``
+arrays and its ``family``, ``downlink``, ``guard`` and ``local`` meta; a local job keeps
+its members' mirrored control variates in ``h`` and the anchor's ``v`` in ``sum_h``)."""
 
 from __future__ import annotations
 
+import base64
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -14,7 +17,12 @@ import numpy as np
 
 from aggregator.engine import stepsize
 from aggregator.engine.accounting import Pricer
-from aggregator.engine.downlink.broadcast import Broadcast
+from aggregator.engine.downlink.broadcast import (
+    Broadcast,
+    DownPrice,
+    array_from_b64,
+    b64_array,
+)
 from aggregator.engine.downlink.outbound import Outbound
 from aggregator.engine.guard import UpdateGuard
 from aggregator.engine.openround import OpenRound
@@ -22,7 +30,9 @@ from aggregator.engine.robust_round import downlink
 from aggregator.engine.types import EngineConfig, EngineSnapshot, Evaluator, FloatArray
 from edge_agent.numerics.aggregation import EF21Mirror, StepResult
 from edge_agent.numerics.compressors import Update
-from edge_agent.protocol import messages, wire
+from edge_agent.numerics.local import LocalCoefs, LocalHub
+from edge_agent.protocol import downlink as dl
+from edge_agent.protocol import messages, topics, wire
 from edge_agent.protocol.downlink import Family
 
 log = logging.getLogger("aggregator.engine.rounds")
@@ -56,6 +66,11 @@ class JobModel:
         mode = downlink(config.aggregation, config.downlink)
         relay = config.aggregation.kind == "mean"  # replicas replay only a mean step
         self._down = Broadcast(config.job, d, mode, window=config.downlink_window, relay=relay)
+        #: local training (feedback ``local``): v, e and the members' mirrored u_i
+        self._local = None if config.local is None else LocalHub(d, config.local)
+        #: local training: the encoded operations of the next version (SUB corrections of
+        #: members reset since the last one, then its LOCAL operation)
+        self._local_ops: list[bytes] = []
 
     # ------------------------------------------------------------------ reading
 
@@ -65,8 +80,21 @@ class JobModel:
         return self._ef21
 
     @property
+    def local_hub(self) -> LocalHub | None:
+        """A local job's hub: v, e and the members' mirrored u_i (read it only)."""
+        return self._local
+
+    @property
+    def t_down(self) -> int | None:
+        """The last compressed broadcast's level T (None: none yet)."""
+        return self._down.t_down
+
+    @property
     def broadcast_model(self) -> FloatArray:
-        """The model the agents hold: ``x``, or the compressed downlink's ``w``."""
+        """The model the agents hold: ``x`` (local training too), or the compressed
+        downlink's ``w``."""
+        if self._local is not None:
+            return self.x
         return self._down.model(self.x)
 
     def gamma(self, hellos: Iterable[messages.Hello], version: int = 0) -> float:
@@ -79,16 +107,25 @@ class JobModel:
         else:
             if self._gamma is None:
                 factor = cfg.ef21_step_factor if self.family == "ef21" else 1.0
+                if cfg.local is not None:
+                    factor = cfg.local.factor
                 self._gamma = stepsize.gamma(list(hellos), cfg.step_rule, cfg.limits, factor)
             base = self._gamma
         return stepsize.scheduled(base, version, cfg.schedule_l2, cfg.schedule_t0)
 
     def snapshot(self, version: int) -> Outbound:
-        """The retained state snapshot of ``x`` at ``version``."""
+        """The retained state snapshot of ``x`` at ``version`` (local training: the anchor
+        and its ``v``)."""
+        if self._local is not None:
+            blob = dl.encode_state(self.x, job=self.config.job, version=version,
+                                   aggregate=self._local.v)  # fmt: skip
+            return Outbound(topics.model(self.config.job), blob, retain=True)
         return self._down.snapshot(self.x, version, self._ef21.sum_h, self.family)
 
     def settle(self, version: int) -> Outbound | None:
         """What makes every copy ``x`` when the job ends between versions (None: they are)."""
+        if self._local is not None:
+            return None  # every copy of the anchor is exact
         return self._down.settle(self.x, version, self._ef21.sum_h, self.family)
 
     def catch_up(self, have: int | None, version: int) -> Outbound | None:
@@ -151,7 +188,10 @@ class JobModel:
         """An admitted update: the EF21 state it changes, what the broadcast replays, and
         the guard's bounds (``norms`` from :meth:`check`)."""
         ef21 = header.semantics == "ef21"
-        if ef21:
+        if self._local is not None:
+            if contributes:
+                self._local.accepted(agent, update)
+        elif ef21:
             self._ef21.apply(agent, update)
             self._down.add(blob, header.t, 1.0)
         elif contributes:
@@ -159,18 +199,40 @@ class JobModel:
         self._guard.accepted(agent, *norms, ef21=ef21, weight=weight)
 
     def reset_agent(self, agent: str) -> None:
-        """Drop ``agent``'s EF21 state (none: nothing)."""
+        """Drop ``agent``'s EF21 state (none: nothing); in a local job its mirrored control
+        variate, with the correction of ``v`` every replica applies with the next version."""
+        if self._local is not None:
+            sub = self._local.reset(agent)
+            if sub is not None:
+                nz = np.flatnonzero(sub)
+                self._local_ops.append(dl.sub_op(nz, sub[nz], self.config.d))
+            return
         h = self._ef21.h.get(agent)
         self._ef21.reset_agent(agent)
         if h is not None:
             self._guard.state_dropped(h)
             self._down.drop_state(h, none_left=not self._ef21.h)
 
-    def step(self, round: OpenRound, gamma: float) -> tuple[StepResult, float]:
+    def admits(self, agent: str) -> bool:
+        """Whether ``agent`` may join: a local job's members are fixed by its first round."""
+        members = None if self._local is None else self._local.members
+        return members is None or agent in members
+
+    def step(
+        self,
+        round: OpenRound,
+        gamma: float,
+        members: tuple[str, ...] = (),
+        profiles: Iterable[tuple[str, str | None]] = (),
+    ) -> tuple[StepResult, float]:
         """Step ``x`` in place with the open round's state (docs/algorithm.md); returns what
         the step did and its coefficient (replicas step with the same one). EF21 averages
         the states over the agents that hold one (an accepted change, h_i kept): ids that
-        only said hello hold none and do not shrink the step."""
+        only said hello hold none and do not shrink the step. A local job communicates
+        (``members``: the registered agents, fixed by the first round; ``profiles`` price
+        the broadcast)."""
+        if self._local is not None:
+            return self._communicate(round, gamma, members, self._pricer.down_prices(profiles))
         if self.family == "ef21":
             n_agents = max(1, len(self._ef21.h))
             # async: only `count` of the n states are fresh; a full step per K updates
@@ -180,6 +242,23 @@ class JobModel:
             return self._ef21.step(self.x, coef), coef
         coef = gamma / round.count
         return round.step(self.x, coef), coef
+
+    def _communicate(
+        self, round: OpenRound, gamma: float, members: tuple[str, ...], prices: list[DownPrice]
+    ) -> tuple[StepResult, float]:
+        """Local training: one communication of the hub on ``x`` (the anchor); the LOCAL
+        operation that replays it waits in ``_local_ops`` for :meth:`stepped`."""
+        hub, cfg = self._local, self.config
+        assert hub is not None and cfg.local is not None
+        hub.fix_members(members)
+        coefs = LocalCoefs.of(cfg.local, gamma)
+        absent = hub.absent()
+        old = self.x.copy()
+        cast = hub.close(self.x, round.accumulator.export(), lambda r: self._down.compress_change(r, prices), coefs)  # fmt: skip
+        if cast is None:
+            return StepResult(np.zeros(0, dtype=np.int64), False), gamma
+        self._local_ops.append(dl.local_op(cast, coefs, job=cfg.job, absent=absent))
+        return StepResult(np.flatnonzero(self.x != old), True), gamma
 
     def stepped(
         self,
@@ -197,6 +276,12 @@ class JobModel:
         makes every copy exact whatever the downlink mode."""
         cfg = self.config
         self._guard.stepped(self.x, step.changed)
+        if self._local is not None:
+            ops, self._local_ops = tuple(self._local_ops), []
+            out = [self._down.local(base, version, ops)]
+            if cfg.snapshot_every and version % cfg.snapshot_every == 0:
+                out.append(self.snapshot(version))
+            return out
         sent = self._down.close(
             x=self.x,
             changed=step.changed,
@@ -215,6 +300,8 @@ class JobModel:
 
     def round_dropped(self) -> None:
         self._guard.round_dropped()
+        if self._local is not None:
+            self._local.round_dropped()
 
     # ------------------------------------------------------------------ persistence
 
@@ -222,6 +309,15 @@ class JobModel:
         """The arrays of :class:`EngineSnapshot` (but ``acc`` and ``seen``) and the meta keys
         ``family``, ``downlink`` and ``guard``."""
         h_agents, h, sum_h = self._ef21.export()
+        local: dict[str, Any] | None = None
+        if self._local is not None:
+            state = self._local.export()
+            h_agents, h, sum_h = state["u_agents"], state["u"], state["v"]
+            local = {
+                "members": state["members"],
+                "e": b64_array(state["e"]),
+                "ops": [base64.b64encode(op).decode("ascii") for op in self._local_ops],
+            }
         return {
             "arrays": {
                 "x": self.x.copy(),
@@ -235,6 +331,7 @@ class JobModel:
                 "accuracy": self.accuracy,
                 "downlink": self._down.export(),
                 "guard": self._guard.export(),
+                "local": local,
             },
         }
 
@@ -244,7 +341,25 @@ class JobModel:
         self.x = np.array(snap.x, dtype=np.float64)
         self.family = meta["family"]
         self.loss, self.accuracy = meta["loss"], meta["accuracy"]
-        self._ef21 = EF21Mirror.restore(self.config.d, snap.h_agents, snap.h, snap.sum_h)
+        if self._local is not None:
+            self._restore_local(snap)
+        else:
+            self._ef21 = EF21Mirror.restore(self.config.d, snap.h_agents, snap.h, snap.sum_h)
         self._down.restore(meta.get("downlink"))
         self._guard.restore(meta.get("guard"))  # None in a checkpoint from before the guard
         self._guard.sync(self.x, snap.acc, self._ef21)
+
+    def _restore_local(self, snap: EngineSnapshot) -> None:
+        """A local job's hub from the checkpoint (see the module doc); raises ValueError."""
+        assert self._local is not None
+        saved = snap.meta.get("local")
+        if not isinstance(saved, dict):
+            raise ValueError("checkpoint of a local-training job without its local state")
+        d = self.config.d
+        e = array_from_b64(saved["e"], d)
+        v = snap.sum_h if snap.sum_h.size else np.zeros(d)
+        if e is None:
+            raise ValueError("local-training state: e does not fit d")
+        self._local.restore({"members": saved["members"], "u_agents": snap.h_agents,
+                             "u": snap.h, "v": v, "e": e})  # fmt: skip
+        self._local_ops = [base64.b64decode(text) for text in saved.get("ops", [])]

@@ -78,6 +78,7 @@ def job_info(config: EngineConfig) -> Outbound | None:
         family=jobinfo.family_of(config.feedback),
         compressors=tuple(COMPRESSOR_IDS),
         batch_size=config.batch_size,
+        local_steps=None if config.local is None else config.local.local_steps,
     )
     return Outbound(topics.job_info(config.job), info.dump(), retain=True)
 

@@ -19,6 +19,7 @@ from aggregator.engine.downlink.broadcast import DOWNLINK_MODES, DownlinkMode
 from aggregator.engine.downlink.outbound import Outbound
 from aggregator.engine.robust_round import Aggregation
 from edge_agent.links.cost import ZERO, Cost
+from edge_agent.numerics.local import LocalConfig
 from edge_agent.protocol import messages, topics
 from edge_agent.protocol.jobinfo import FEEDBACK_SETTINGS, FeedbackSetting
 
@@ -113,6 +114,9 @@ class EngineConfig:
     #: the minibatch an agent of this job must use: rows (an integer) or a fraction of its
     #: shard; None: any (full gradients included). A hello claiming another is refused.
     batch_size: float | None = None
+    #: local training (feedback ``local``): H, the damping and the step factor of LoCoDL
+    #: (edge_agent.numerics.local); None for every other job
+    local: LocalConfig | None = None
 
     def __post_init__(self) -> None:
         topics.validate_id(self.job, "job id")
@@ -141,7 +145,22 @@ class EngineConfig:
             (self.schedule_l2 is None or self.schedule_l2 > 0, "schedule_l2 must be > 0"),
             (self.schedule_t0 >= 0, "schedule_t0 must be >= 0"),
             (self.batch_size is None or self.batch_size > 0, "batch_size must be > 0"),
-            (self.feedback in FEEDBACK_SETTINGS, "feedback must be none, ef, ef21, dir or any"),
+            (
+                self.feedback in FEEDBACK_SETTINGS,
+                "feedback must be none, ef, ef21, dir, local or any",
+            ),
+            (
+                (self.feedback == "local") == (self.local is not None),
+                "feedback 'local' and a local-training configuration go together",
+            ),
+            (
+                self.local is None or (self.mode == "sync" and self.local.comm_prob is None),
+                "local training runs sync rounds, every H local steps",
+            ),
+            (
+                self.local is None or self.local.method == "locodl",
+                "local training in the service runs LoCoDL",
+            ),
             (
                 self.dedupe_window >= max(1, self.max_staleness),
                 "dedupe_window must be >= max_staleness",

@@ -51,6 +51,7 @@ from edge_agent.links.profiles import (
     list_profiles,
     load_profile,
 )
+from edge_agent.numerics.local import DEFAULT_CHI, DEFAULT_RHO, LocalConfig
 from edge_agent.protocol import topics
 from edge_agent.protocol.mac import MacKeyError, read_keys_dir
 from edge_agent.protocol.signing import CountingSigner, SigningKeyError, read_secret_key
@@ -164,7 +165,7 @@ class Settings(BaseSettings):
     update_norm_warmup: int = Field(
         16, ge=1, description="Accepted updates before the norm bound applies."
     )
-    feedback: Literal["none", "ef", "ef21", "dir", "any"] = Field(
+    feedback: Literal["none", "ef", "ef21", "dir", "local", "any"] = Field(
         "ef21",
         description="The update family the job runs, announced on cat/<job>/job: ef21 (the "
         "agent's default; converges with many agents), or none, ef or dir (plain family); a "
@@ -185,6 +186,27 @@ class Settings(BaseSettings):
         "this strong-convexity constant (the model's l2); unset: the constant step.",
     )
     schedule_t0: float = Field(0.0, ge=0, description="t0 of the stochastic step schedule.")
+    local_steps: int | None = Field(
+        None,
+        ge=1,
+        le=1000,
+        description="Local training (LoCoDL with CAT both ways, docs/algorithm.md): H local "
+        "steps per communication; every agent must run with --local-steps H. Sets "
+        "AGG_FEEDBACK=local. Unset: no local training.",
+    )
+    local_rho: float = Field(
+        DEFAULT_RHO, gt=0, le=1, description="Local training: LoCoDL's damping rho."
+    )
+    local_chi: float = Field(
+        DEFAULT_CHI, gt=0, le=1, description="Local training: LoCoDL's damping chi."
+    )
+    local_step_factor: float | None = Field(
+        None,
+        gt=0,
+        lt=2,
+        description="Local training: the local step gamma = factor / L; unset: the tuned "
+        "min(1, 2 / H).",
+    )
     max_agents: int = Field(
         1000,
         ge=1,
@@ -333,6 +355,16 @@ class Settings(BaseSettings):
             raise ValueError("AGG_MIN_SMOOTHNESS must be <= AGG_MAX_SMOOTHNESS")
         if self.mode == "async" and self.dedupe_window < self.max_staleness:
             raise ValueError("AGG_DEDUPE_WINDOW must be >= AGG_MAX_STALENESS")
+        if self.local_steps is not None:
+            if "feedback" in self.model_fields_set and self.feedback != "local":
+                raise ValueError(
+                    f"AGG_LOCAL_STEPS runs local training: AGG_FEEDBACK must be local or "
+                    f"unset, not {self.feedback}"
+                )
+            if self.mode != "sync":
+                raise ValueError("AGG_LOCAL_STEPS: local training runs sync rounds (AGG_MODE)")
+        elif self.feedback == "local":
+            raise ValueError("AGG_FEEDBACK=local needs AGG_LOCAL_STEPS (the local steps H)")
         token: str | None = None
         if self.api_token is not None:
             token = self.api_token.get_secret_value()
@@ -354,6 +386,17 @@ class Settings(BaseSettings):
     def token(self) -> str | None:
         """The control API bearer token (None: control endpoints answer 503)."""
         return self._token
+
+    def local_config(self) -> LocalConfig | None:
+        """The local-training configuration (None: AGG_LOCAL_STEPS unset)."""
+        if self.local_steps is None:
+            return None
+        return LocalConfig(
+            local_steps=self.local_steps,
+            step_factor=self.local_step_factor,
+            chi=self.local_chi,
+            rho=self.local_rho,
+        )
 
     @property
     def effective_snapshot_every(self) -> int:
@@ -395,10 +438,11 @@ class Settings(BaseSettings):
             cadence_max_lag=self.cadence_max_lag,
             max_agents=self.max_agents,
             unproven_ttl_s=self.unproven_ttl_s,
-            feedback=self.feedback,
+            feedback="local" if self.local_steps is not None else self.feedback,
             batch_size=self.batch_size,
             schedule_l2=self.schedule_l2,
             schedule_t0=self.schedule_t0,
+            local=self.local_config(),
             mac=self.mac_policy(),
             limits=Limits(
                 max_rows=self.max_rows,

@@ -37,6 +37,8 @@ import numpy.typing as npt
 WINDOW: Final = 10
 #: losses needed (three losses: two decreases, the fewest a line through them needs)
 MIN_POINTS: Final = 3
+#: an estimate of more versions than this is no estimate (it would only say "never")
+MAX_VERSIONS_AHEAD: Final = 10_000_000
 
 __all__ = ["MIN_POINTS", "WINDOW", "Eta", "estimate"]
 
@@ -81,8 +83,10 @@ def estimate(points: Sequence[tuple[int, float, float | None]], target: float | 
     if not (dec > 0).all():
         return None
     n, rho = _versions_left(v, dec, loss - target)
-    if n is None:
-        return None  # the fitted decreases never cover what is left: a plateau
+    if n is None or n > MAX_VERSIONS_AHEAD:
+        # the fitted decreases never cover what is left (a plateau), or only after more
+        # versions than any job runs (a tiny first decrease): no estimate, and no array of n
+        return None
     steps = _steps_ahead(v, t, n)
     if not steps >= 0.0:
         return None

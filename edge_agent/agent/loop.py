@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Literal
 
 import numpy as np
@@ -24,7 +24,9 @@ import numpy.typing as npt
 
 from edge_agent.agent.answers import Answers
 from edge_agent.agent.catchup import CatchUp, Want, want_for
+from edge_agent.agent.config import AgentConfig, CurvatureName, FeedbackName
 from edge_agent.agent.ledger import AgentCounters, CostLedger, RoundLog
+from edge_agent.agent.localtrain import LocalMember
 from edge_agent.agent.minibatch import for_agent
 from edge_agent.agent.replica import Replica
 from edge_agent.agent.sealer import Outgoing, Sealer
@@ -33,9 +35,8 @@ from edge_agent.data import Dataset
 from edge_agent.errors import TransportError, WireFormatError
 from edge_agent.links.cost import MessageCost
 from edge_agent.links.profiles import CostProfile
-from edge_agent.numerics.compressors import Semantics, ValueDtype, compress
+from edge_agent.numerics.compressors import Semantics, compress
 from edge_agent.numerics.curvature import (
-    DIRECTIONAL_COMPRESSORS,
     dense_curvature,
     directional_step,
     scale_for_step,
@@ -55,86 +56,17 @@ from edge_agent.transports import Message, Transport
 
 log = logging.getLogger("edge_agent")
 
-__all__ = ["Agent", "AgentConfig", "AgentCounters", "CostLedger", "RoundLog"]
+__all__ = [
+    "Agent",
+    "AgentConfig",
+    "AgentCounters",
+    "CostLedger",
+    "CurvatureName",
+    "FeedbackName",
+    "RoundLog",
+]
 
 FloatArray = npt.NDArray[np.float64]
-FeedbackName = Literal["none", "ef", "ef21"]
-CurvatureName = Literal["global", "directional"]
-#: what an agent sends as JSON (each names its topic's kind in ``type``)
-
-
-@dataclass(frozen=True)
-class AgentConfig:
-    """What an agent does; everything else (data, model, link, transport) is passed in."""
-
-    job: str
-    agent_id: str
-    compressor: str = "topk"
-    policy: str = "cat"
-    feedback: FeedbackName = "none"
-    value_dtype: ValueDtype = "float32"
-    t_min: int = 1
-    t_max: int | None = None
-    seed: int = 0
-    #: Re-send the last update (same seq: the aggregator de-duplicates) or the hello after
-    #: this many seconds without a new model version; None: never (MQTT QoS 1 delivers).
-    resend_s: float | None = 10.0
-    #: "wait": stay silent as the profile's duty cycle demands; "ignore": only account it.
-    duty_cycle: Literal["wait", "ignore"] = "wait"
-    max_rounds: int | None = None
-    #: give up (``Agent.gave_up``) after this many refusals that cannot heal (answers.py)
-    max_refusals: int = 3
-    #: "global": the aggregator's 1/L step along every update, T from ``policy``;
-    #: "directional": T priced with the curvature along the direction sent, the update
-    #: scaled so that the 1/L step moves x by t q (semantics ``dir``; docs/curvature.md).
-    curvature: CurvatureName = "global"
-    #: sign every update, hello, status and request with this key (edge_agent.protocol.mac)
-    mac_key: bytes | None = None
-    #: the aggregator's Ed25519 public keys (more than one while rotating): act only on
-    #: messages it signed (agent/signatures.py); empty: take every message, as before
-    aggregator_keys: tuple[bytes, ...] = ()
-    #: with keys: control and job settings on ``control`` / ``to`` signed before this
-    #: (aggregator clock, microseconds since 1970) are replays; the CLI passes its start
-    aggregator_not_before_us: int = 0
-    #: the downlink group it receives job-wide messages on (hello ``group``); None: the
-    #: profile's shared downlink names it, or there is none (unicast)
-    group: str | None = None
-    #: minibatch SGD: rows per gradient (an integer) or a fraction of the shard in (0, 1);
-    #: None: the full local gradient. Rows drawn without replacement per epoch (sampling.py).
-    batch_size: float | None = None
-    #: with ``batch_size`` and ``feedback="ef"``: keep the residual in model units under
-    #: the job's step schedule ``min(1/L, 2/(l2 (t + t0)))`` (``l2`` the model's, ``t0``
-    #: this: the job's AGG_SCHEDULE_T0); None (the default, it measured better): in
-    #: gradient units, classic EF. numerics/stochastic.py, StepRatio.
-    schedule_t0: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.batch_size is not None and not self.batch_size > 0:
-            raise ValueError(f"batch_size must be > 0 (rows or a fraction), got {self.batch_size}")
-        if self.batch_size is not None and self.curvature == "directional":
-            raise ValueError(
-                "curvature='directional' prices the exact local gradient: use batch_size=None "
-                "or curvature='global'"
-            )
-        if self.curvature not in ("global", "directional"):
-            raise ValueError(f"curvature must be 'global' or 'directional', got {self.curvature!r}")
-        if self.curvature == "global":
-            return
-        if self.compressor != "dense" and self.compressor not in DIRECTIONAL_COMPRESSORS:
-            raise ValueError(
-                f"curvature='directional' needs compressor dense, topk or signtopk, "
-                f"not {self.compressor!r}"
-            )
-        if self.feedback != "none":
-            raise ValueError(
-                f"curvature='directional' prices the gradient itself: use feedback='none', "
-                f"not {self.feedback!r} (the bound does not cover error-feedback memories)"
-            )
-        if self.compressor != "dense" and self.policy != "cat":
-            raise ValueError(
-                f"curvature='directional' picks T itself (CAT with the directional gain): "
-                f"use policy='cat', not {self.policy!r}"
-            )
 
 
 class Agent:
@@ -177,6 +109,10 @@ class Agent:
         self.semantics: Semantics = (
             "dir" if config.curvature == "directional" else self.feedback.semantics
         )
+        #: local training: this member's x_i, u_i and what it sent (None: no local training)
+        self.local = None if config.local_steps is None else LocalMember(config.agent_id, model.d)
+        if self.local is not None:
+            self.semantics = "local"
         family = semantics_family(self.semantics)
         self._fit = jobinfo.Fit(
             config.job,
@@ -186,6 +122,7 @@ class Agent:
             self.semantics,
             config.compressor,
             config.batch_size,
+            config.local_steps,
         )
         #: the model copy, kept bit-identical to the aggregator's (or its broadcast model)
         self.replica = Replica(model.d, family)
@@ -408,9 +345,15 @@ class Agent:
         if m.job != self.config.job:
             self.counters.drop("wrong_job")
             return
-        had = self.replica.x is not None
+        had, held = self.replica.x is not None, self.replica.version
         refused = self.replica.apply(m)
         snapshot = isinstance(m, Snapshot | StateSnapshot)
+        if refused is None and self.local is not None:
+            if snapshot and self.local.started and m.version != held:  # lost track: rejoin
+                self.replica.exchanges.clear()
+                self._reset_state()
+            self.local.received(self.replica.exchanges)
+            self.replica.exchanges.clear()
         if refused is None:
             if snapshot:
                 self.counters.snapshots += 1
@@ -502,6 +445,8 @@ class Agent:
         self.feedback.reset()
         if self.minibatch is not None:
             self.minibatch.reset()
+        if self.local is not None:
+            self.local.reset()
         self._last_blob = None  # never re-send a change computed from the old state
         self.sent_version = None
         self._fresh = True
@@ -530,9 +475,12 @@ class Agent:
             self.seq = self.sealer.take()
         t0 = time.perf_counter()
         mb = self.minibatch
-        batch = self.data if mb is None else mb.draw(self.data)
-        loss, g = self.model.loss_grad(self.x, batch)
-        self.gradient_rows += batch.n_rows
+        if self.local is not None:  # what travels is the local model's change
+            loss, g = self.model.loss(self.x, self.data), self._local_change()
+        else:
+            batch = self.data if mb is None else mb.draw(self.data)
+            loss, g = self.model.loss_grad(self.x, batch)
+            self.gradient_rows += batch.n_rows
         variance = None if mb is None else mb.variance(self.model, self.x, batch, g)
         t1 = time.perf_counter()
         if mb is not None:
@@ -588,6 +536,8 @@ class Agent:
         t5 = time.perf_counter()
         # Only once the transport has it: the memory must match what the aggregator applies.
         self.feedback.commit(v, update)
+        if self.local is not None:
+            self.local.sent(self.version, update.to_dense())
         entry = RoundLog(
             round=self.version,
             seq=self.seq,
@@ -617,6 +567,16 @@ class Agent:
         if self.on_round is not None:
             self.on_round(entry)
         return entry
+
+    def _local_change(self) -> FloatArray:
+        """Local training: this round's local steps and the change that travels."""
+        assert self.local is not None and self.x is not None
+        v = self.replica.aggregate
+        v = np.zeros(self.model.d) if v is None else v
+        before = self.local.gradients
+        change = self.local.change(self.x, v, lambda x: self.model.loss_grad(x, self.data)[1])
+        self.gradient_rows += (self.local.gradients - before) * self.data.n_rows
+        return change
 
     def _choose_directional(
         self, g: FloatArray, price: Price

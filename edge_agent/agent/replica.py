@@ -17,15 +17,18 @@ A message that does not start at this replica's version is refused with a reason
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Final, Literal, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
 
 from edge_agent.numerics.aggregation import MeanAccumulator
+from edge_agent.numerics.local import LocalCoefs, anchor_drift, anchor_receive
 from edge_agent.protocol.downlink import (
     Add,
     Family,
+    Local,
     Move,
     Op,
     StateSnapshot,
@@ -44,9 +47,23 @@ Refusal: TypeAlias = Literal[
     "wrong_d", "old", "no_model", "version_gap", "no_aggregate", "wrong_family", "not_finite"
 ]
 
-__all__ = ["ModelMessage", "Refusal", "Replica"]
+__all__ = ["Exchange", "ModelMessage", "Refusal", "Replica"]
 
 _ALREADY: Final = "old"
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """Local training: one communication a replica replayed, for the member's own state:
+    the anchor ``y_h`` before the broadcast, the broadcast ``dt``, its coefficients and
+    the version it made."""
+
+    version: int
+    y_h: FloatArray
+    dt: FloatArray
+    coefs: LocalCoefs
+    #: the tags of the members whose change did not enter (edge_agent.protocol.downlink)
+    absent: frozenset[bytes]
 
 
 class Replica:
@@ -60,8 +77,11 @@ class Replica:
         self.family: Family = family
         self.x: FloatArray | None = None
         self.version: int | None = None
-        #: EF21 aggregate h; None: unknown (a plain snapshot carries none)
+        #: EF21 aggregate h (local training: the anchor's v); None: unknown (a plain
+        #: snapshot carries none)
         self.aggregate: FloatArray | None = None
+        #: local training: the communications replayed since the owner last took them
+        self.exchanges: list[Exchange] = []
 
     def apply(self, msg: ModelMessage) -> Refusal | None:
         """Apply one downlink message; None when applied, else why not (nothing changed)."""
@@ -97,13 +117,21 @@ class Replica:
         if steps.family != self.family:
             return "wrong_family"
         moves_only = all(isinstance(op, Move) for op in steps.ops)
-        if self.family == "ef21" and self.aggregate is None and not moves_only:
+        if self.family != "mean" and self.aggregate is None and not moves_only:
             return "no_aggregate"
         x = self.x.copy()  # all or nothing
         agg = None if self.aggregate is None else self.aggregate.copy()
         acc = MeanAccumulator(self.d) if self.family == "mean" else None
+        exchanges: list[Exchange] = []
+        version = steps.base_version
         for op in steps.ops:
-            if isinstance(op, Step):
+            if isinstance(op, Local):
+                assert agg is not None
+                version += 1
+                exchanges.append(_local(x, agg, op, version))
+                if not (np.isfinite(x).all() and np.isfinite(agg).all()):
+                    return "not_finite"
+            elif isinstance(op, Step):
                 stepped = _step(x, op.coef, acc, agg)
                 if stepped is None:
                     return "not_finite"
@@ -113,7 +141,18 @@ class Replica:
         self.x = x
         self.aggregate = agg
         self.version = steps.version
+        self.exchanges.extend(exchanges)
         return None
+
+
+def _local(x: FloatArray, v: FloatArray, op: Local, version: int) -> Exchange:
+    """One LOCAL operation on the anchor ``x`` and its ``v``, in place (exactly the
+    aggregator's :meth:`edge_agent.numerics.local.LocalHub.close`)."""
+    anchor_drift(x, v, op.coefs.gamma, op.coefs.steps)
+    y_h = x.copy()
+    dt = op.update.to_dense()
+    anchor_receive(x, v, dt, op.coefs)
+    return Exchange(version, y_h, dt, op.coefs, op.absent)
 
 
 def _apply(op: Op, x: FloatArray, acc: MeanAccumulator | None, agg: FloatArray | None) -> None:

@@ -12,7 +12,6 @@ worth a restart); 130 stopped by SIGINT (Ctrl-C), 143 by SIGTERM (128 + the sign
 from __future__ import annotations
 
 import argparse
-import contextlib
 import faulthandler
 import json
 import logging
@@ -32,6 +31,7 @@ from edge_agent.cli.keys import add_keys_parser
 from edge_agent.cli.logs import LOG_FORMATS
 from edge_agent.cli.logs import configure as configure_logging
 from edge_agent.cli.profiles import cmd_profiles
+from edge_agent.cli.summary import run_summary
 from edge_agent.errors import CatEdgeError, TransportConfigError
 
 if TYPE_CHECKING:  # the agent's imports load only for `run`
@@ -184,6 +184,7 @@ def _build_agent(args: argparse.Namespace) -> Agent:
         aggregator_not_before_us=time.time_ns() // 1000 - 600_000_000,
         group=args.group,
         batch_size=args.batch_size,
+        local_steps=args.local_steps,
     )
     transport = open_transport(
         args.server,
@@ -215,36 +216,6 @@ def _build_agent(args: argparse.Namespace) -> Agent:
         args.server,
     )
     return agent
-
-
-def run_summary(agent_id: str, agent: Agent) -> dict[str, Any]:
-    """The JSON line ``edge-agent run`` ends with: progress, and the ledger both ways.
-
-    ``up``/``down``/``total`` are :class:`edge_agent.links.cost.Cost` dicts (what the agent sent,
-    received, and their sum, priced on its own profile); ``updates``, ``bytes_on_air``,
-    ``bytes_on_air_down``, ``silence_s`` as in ``CostLedger.summary``; ``size_bytes`` is the
-    uplink's bytes, kept for older readers.
-    """
-    return {
-        "agent": agent_id,
-        "finished": agent.finished,
-        "rounds": agent.rounds,
-        "version": agent.version,
-        **agent.ledger.summary(),
-        "size_bytes": agent.ledger.size_bytes,
-        "dropped": agent.counters.dropped,
-        "timings_s": agent.timings_s,
-        "peak_rss_mb": _peak_rss_mb(),
-    }
-
-
-def _peak_rss_mb() -> float | None:
-    """Peak resident memory of this process (VmHWM; ru_maxrss would include a forking parent's)."""
-    with contextlib.suppress(OSError):  # not Linux: no figure rather than a wrong one
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024.0
-    return None
 
 
 # --------------------------------------------------------------------------- data
@@ -466,6 +437,15 @@ def build_parser() -> argparse.ArgumentParser:
         "error feedback; EF21 stalls on noisy gradients, docs/algorithm.md)",
     )
     run.add_argument(
+        "--local-steps",
+        type=int,
+        default=None,
+        metavar="H",
+        help="local training (LoCoDL): H local gradient steps between messages, the change of "
+        "the local model CAT-compressed up, a compressed anchor change down; the job must run "
+        "it with the same H (AGG_LOCAL_STEPS). Default feedback then: none",
+    )
+    run.add_argument(
         "--max-refusals",
         type=int,
         default=3,
@@ -660,7 +640,7 @@ def _directional(args: argparse.Namespace) -> bool:
 
 def _default_feedback(args: argparse.Namespace) -> Literal["none", "ef", "ef21"]:
     """No feedback for directional pricing, classic EF for minibatch SGD, EF21 otherwise."""
-    if _directional(args):
+    if _directional(args) or getattr(args, "local_steps", None) is not None:
         return "none"
     return "ef" if getattr(args, "batch_size", None) is not None else "ef21"
 

@@ -34,14 +34,14 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 ValueDtype = Literal["float32", "float16", "float64"]
-Semantics = Literal["plain", "ef", "ef21", "dir"]
+Semantics = Literal["plain", "ef", "ef21", "dir", "local"]
 VALUE_DTYPES: dict[str, np.dtype[np.floating]] = {
     "float32": np.dtype("<f4"),
     "float16": np.dtype("<f2"),
     "float64": np.dtype("<f8"),
 }
 #: wire code = position (docs/wire-format.md section 3.2); never renumbered
-SEMANTICS: tuple[Semantics, ...] = ("plain", "ef", "ef21", "dir")
+SEMANTICS: tuple[Semantics, ...] = ("plain", "ef", "ef21", "dir", "local")
 
 
 @dataclass(frozen=True, eq=False)
@@ -54,7 +54,8 @@ class Update:
     it: ``plain`` (a gradient estimate), ``ef`` (residual error feedback), ``ef21``
     (a compressed *change* c_i of the agent's EF21 state) or ``dir`` (a directional step
     already scaled so that the aggregator's ``1/L`` step moves ``x`` by ``t q``;
-    docs/curvature.md).
+    docs/curvature.md) or ``local`` (local training: the change ``x_i - y`` of the
+    agent's local model from the anchor, docs/algorithm.md "Local training").
     """
 
     compressor: str

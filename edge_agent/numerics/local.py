@@ -38,9 +38,10 @@ Pure numpy, no I/O: every random draw comes from an explicit Generator.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal
+from functools import partial
+from typing import Any, Final, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -155,6 +156,65 @@ class Exchange:
     down: Update | None
 
 
+@dataclass(frozen=True)
+class LocalCoefs:
+    """The coefficients of one communication, as the aggregator applied them and the
+    downlink's LOCAL operation carries them (docs/wire-format.md): ``steps`` local steps
+    of size ``gamma`` since the last communication, the damping ``rho``, the control
+    variates' rate ``c = p chi / gamma`` and the anchor's ``c_v = c / a``."""
+
+    steps: int
+    gamma: float
+    rho: float
+    c: float
+    c_v: float
+
+    @classmethod
+    def of(cls, cfg: LocalConfig, gamma: float) -> LocalCoefs:
+        c = cfg.p * cfg.chi / gamma
+        return cls(cfg.local_steps, gamma, cfg.rho, c, c / cfg.anchor)
+
+
+def anchor_drift(y: FloatArray, v: FloatArray, gamma: float, steps: int) -> None:
+    """The anchor's local steps, in place: ``y += gamma * v``, ``steps`` times (every party
+    performs exactly these float operations, so every copy of ``y`` holds the same bits)."""
+    for _ in range(steps):
+        y += gamma * v
+
+
+def anchor_receive(y: FloatArray, v: FloatArray, dt: FloatArray, coefs: LocalCoefs) -> None:
+    """A broadcast ``dt`` reaches the anchor, in place: ``y += rho dt``, ``v += c_v dt``."""
+    y += coefs.rho * dt
+    v += coefs.c_v * dt
+
+
+def member_receive(
+    x: FloatArray, u: FloatArray, y_h: FloatArray, dt: FloatArray, sent: FloatArray,
+    coefs: LocalCoefs,
+) -> None:  # fmt: skip
+    """A broadcast ``dt`` reaches a member (or, row by row, every member), in place:
+    ``x <- (1 - rho) x + rho (y_h + dt)`` (``y_h``: the anchor before it) and
+    ``u += c (dt - sent)`` (``sent``: the change that member sent, decoded)."""
+    x *= 1.0 - coefs.rho
+    x += coefs.rho * (y_h + dt)
+    variate_receive(u, dt, sent, coefs)
+
+
+def variate_receive(u: FloatArray, dt: FloatArray, sent: FloatArray, coefs: LocalCoefs) -> None:
+    """A member's control variate after a broadcast, in place: ``u += c (dt - sent)`` (the
+    member's own update and the aggregator's mirror of it: the same float operations)."""
+    u += coefs.c * (dt - sent)
+
+
+def local_steps(
+    x: FloatArray, u: FloatArray, grad: Callable[[FloatArray], FloatArray], gamma: float,
+    steps: int,
+) -> None:  # fmt: skip
+    """A member's local steps, in place: ``x -= gamma (grad(x) - u)``, ``steps`` times."""
+    for _ in range(steps):
+        x -= gamma * (grad(x) - u)
+
+
 class LocalTraining:
     """The state of a fleet under local training: every agent's ``x_i``, ``u_i``, and the
     anchor ``y``, ``v`` (the same on every party: they apply the same broadcasts), and the
@@ -183,10 +243,9 @@ class LocalTraining:
     def local_step(self, grad: Gradient) -> None:
         """One local gradient step on every agent, and the anchor's."""
         for i in range(self.n):
-            g = grad(i, self.x[i])
-            self.x[i] -= self.gamma * (g - self.u[i])
+            local_steps(self.x[i], self.u[i], partial(grad, i), self.gamma, 1)
         self.gradients += self.n
-        self.y += self.gamma * self.v
+        anchor_drift(self.y, self.v, self.gamma, 1)
 
     def communicate(self, k: int, up: Sequence[Compress], down: Compress | None) -> Exchange:
         """Round ``k``'s exchange; ``up[i]`` compresses agent i's change, ``down`` the
@@ -206,12 +265,9 @@ class LocalTraining:
             cast = down(k, want)
             dt = cast.to_dense()
             self.e = want - dt
-        rho, c = self.cfg.rho, self.cfg.p * self.cfg.chi / self.gamma
-        self.x *= 1.0 - rho
-        self.x += rho * (self.y + dt)
-        self.u += c * (dt - d)
-        self.v += (c / self.cfg.anchor) * dt
-        self.y += rho * dt
+        coefs = LocalCoefs.of(self.cfg, self.gamma)
+        member_receive(self.x, self.u, self.y, dt, d, coefs)
+        anchor_receive(self.y, self.v, dt, coefs)
         return Exchange(sent, cast)
 
     def _scaffnew(self, k: int, up: Sequence[Compress]) -> Exchange:
@@ -230,6 +286,128 @@ class LocalTraining:
         return Exchange(sent, None)
 
 
+class LocalHub:
+    """The aggregator's side of local training for one job (the engine's ``local`` family).
+
+    It owns the anchor's control variate ``v``, the downlink memory ``e`` and a mirror of
+    every member's control variate ``u_i`` (the aggregator knows every ``dt`` and every
+    accepted ``d_i``, so it can follow each ``u_i`` exactly); the anchor ``y`` is the
+    engine's model ``x``, which :meth:`close` changes in place. The members are fixed when
+    the first communication closes (``n``); one that was reset (its state lost) has its
+    mirror dropped and ``v`` corrected so that ``sum_i u_i + n a v`` keeps its value.
+    """
+
+    def __init__(self, d: int, cfg: LocalConfig) -> None:
+        if d < 1:
+            raise ValueError(f"LocalHub: d must be >= 1, got {d}")
+        self.d = d
+        self.cfg = cfg
+        self.v: FloatArray = np.zeros(d)
+        self.e: FloatArray = np.zeros(d)
+        self.u: dict[str, FloatArray] = {}
+        #: the members (None until the first communication closes)
+        self.members: tuple[str, ...] | None = None
+        #: the open round's accepted changes, by member, in arrival order
+        self._sent: dict[str, Update] = {}
+
+    @property
+    def n(self) -> int:
+        return 0 if self.members is None else len(self.members)
+
+    def accepted(self, agent: str, update: Update) -> None:
+        """A member's change ``d_i`` entered the open round."""
+        self._sent[agent] = update
+
+    def round_dropped(self) -> None:
+        self._sent = {}
+
+    def fix_members(self, members: Sequence[str]) -> tuple[str, ...]:
+        """The members (fixed by the first call: the agents of the first communication)."""
+        if self.members is None:
+            self.members = tuple(sorted(members))
+        return self.members
+
+    def absent(self) -> list[str]:
+        """The members whose change did not enter the open round (they count ``d_i = 0``)."""
+        return [m for m in self.members or () if m not in self._sent]
+
+    def close(
+        self,
+        y: FloatArray,
+        total: FloatArray,
+        down: Callable[[FloatArray], Update],
+        coefs: LocalCoefs,
+    ) -> Update | None:
+        """One communication: the anchor's ``coefs.steps`` local steps, then
+        ``dbar = total / ((1 + a) n)`` (``total``: the sum of the round's changes),
+        ``dt = down(dbar + e)``, ``e <- dbar + e - dt``, every mirrored ``u_i`` and the
+        anchor. ``y`` changes in place; returns ``dt``'s update, or None when a new value
+        would not be finite (nothing changed). :meth:`fix_members` first."""
+        if not self.members:
+            raise ValueError("LocalHub.close before fix_members")
+        n = len(self.members)
+        y_new, v_new = y.copy(), self.v.copy()
+        anchor_drift(y_new, v_new, coefs.gamma, coefs.steps)
+        want = total / ((1.0 + self.cfg.anchor) * n) + self.e
+        if not np.isfinite(want).all():
+            return None
+        cast = down(want)
+        dt = cast.to_dense()
+        e_new = want - dt
+        anchor_receive(y_new, v_new, dt, coefs)
+        if not (np.isfinite(y_new).all() and np.isfinite(v_new).all()):
+            return None
+        zero = np.zeros(self.d)
+        for m in self.members:
+            u = self.u.get(m)
+            if u is None:
+                u = self.u[m] = np.zeros(self.d)
+            upd = self._sent.get(m)
+            variate_receive(u, dt, zero if upd is None else upd.to_dense(), coefs)
+        y[...] = y_new
+        self.v, self.e, self._sent = v_new, e_new, {}
+        return cast
+
+    def reset(self, agent: str) -> FloatArray | None:
+        """Drop ``agent``'s mirrored ``u_i`` (it restarts from ``u_i = 0``, ``x_i = y``) and
+        correct ``v`` by ``u_i / (n a)``; returns the values *subtracted* from ``v``
+        (``-u_i / (n a)``, for the replicas' SUB operation), None when there was nothing."""
+        u = self.u.pop(agent, None)
+        self._sent.pop(agent, None)
+        if u is None or not u.any() or self.n == 0:
+            return None
+        sub = -u / (self.n * self.cfg.anchor)
+        self.v -= sub
+        return sub
+
+    def export(self) -> dict[str, Any]:
+        """JSON-able meta (members) and the arrays ``v``, ``e`` and the stacked mirrors."""
+        agents = tuple(self.u)
+        u = np.stack([self.u[a] for a in agents]) if agents else np.zeros((0, self.d))
+        return {
+            "members": None if self.members is None else list(self.members),
+            "u_agents": agents,
+            "u": u,
+            "v": self.v.copy(),
+            "e": self.e.copy(),
+        }
+
+    def restore(self, data: Mapping[str, Any]) -> None:
+        """The inverse of :meth:`export` (raises ValueError on shapes or non-finite values)."""
+        agents = tuple(data["u_agents"])
+        u = np.asarray(data["u"], dtype=np.float64)
+        v = np.asarray(data["v"], dtype=np.float64)
+        e = np.asarray(data["e"], dtype=np.float64)
+        if u.shape != (len(agents), self.d) or v.shape != (self.d,) or e.shape != (self.d,):
+            raise ValueError("local-training state does not fit d or its members")
+        if not (np.isfinite(u).all() and np.isfinite(v).all() and np.isfinite(e).all()):
+            raise ValueError("local-training state contains nan or inf")
+        members = data.get("members")
+        self.members = None if members is None else tuple(str(m) for m in members)
+        self.u = {a: u[i].copy() for i, a in enumerate(agents)}
+        self.v, self.e, self._sent = v.copy(), e.copy(), {}
+
+
 __all__ = [
     "DEFAULT_ANCHOR",
     "DEFAULT_CHI",
@@ -239,9 +417,16 @@ __all__ = [
     "Compress",
     "Exchange",
     "Gradient",
+    "LocalCoefs",
     "LocalConfig",
+    "LocalHub",
     "LocalMethod",
     "LocalTraining",
     "Schedule",
+    "anchor_drift",
+    "anchor_receive",
+    "local_steps",
+    "member_receive",
     "validate",
+    "variate_receive",
 ]

@@ -19,7 +19,9 @@ and delta (type 3) messages of :mod:`edge_agent.protocol.wire`.
 
 from __future__ import annotations
 
+import hashlib
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal, TypeAlias
 
@@ -28,6 +30,7 @@ import numpy.typing as npt
 
 from edge_agent.errors import WireFormatError
 from edge_agent.numerics.compressors import Update
+from edge_agent.numerics.local import LocalCoefs
 from edge_agent.protocol import wire
 from edge_agent.protocol.indexcode import decode_indices, encode_indices, index_bytes
 
@@ -36,6 +39,7 @@ __all__ = [
     "TYPE_STEPS",
     "Add",
     "Family",
+    "Local",
     "Move",
     "Op",
     "StateSnapshot",
@@ -47,6 +51,8 @@ __all__ = [
     "decode_downlink",
     "encode_state",
     "encode_steps",
+    "local_op",
+    "member_tag",
     "move_op",
     "semantics_family",
     "step_op",
@@ -57,8 +63,8 @@ __all__ = [
 TYPE_STEPS: Final = 4
 TYPE_STATE: Final = 5
 
-Family: TypeAlias = Literal["mean", "ef21"]
-_FAMILY_FLAGS: Final[dict[str, int]] = {"mean": 0, "ef21": 1}
+Family: TypeAlias = Literal["mean", "ef21", "local"]
+_FAMILY_FLAGS: Final[dict[str, int]] = {"mean": 0, "ef21": 1, "local": 2}
 
 
 def semantics_family(semantics: str) -> Family:
@@ -66,11 +72,14 @@ def semantics_family(semantics: str) -> Family:
     ``"mean"`` for the others (plain, ef, dir). The one mapping both sides use.
 
     ``dir`` (a directional step, pre-scaled for ``gamma = 1/L``) is averaged like a plain
-    update, so it can never share a job with ``ef21`` (whose step and state differ)."""
-    return "ef21" if semantics == "ef21" else "mean"
+    update, so it can never share a job with ``ef21`` (whose step and state differ).
+    ``local`` (local training) is a family of its own."""
+    if semantics in ("ef21", "local"):
+        return semantics  # type: ignore[return-value]
+    return "mean"
 
 
-_FLAG_FAMILIES: Final[dict[int, Family]] = {0: "mean", 1: "ef21"}
+_FLAG_FAMILIES: Final[dict[int, Family]] = {0: "mean", 1: "ef21", 2: "local"}
 
 OP_ADD: Final = 1  # an update, weight 1
 OP_ADDW: Final = 2  # float64 weight, then an update
@@ -78,6 +87,7 @@ OP_STEP: Final = 3  # float64 coefficient; ends one version
 OP_SUB: Final = 4  # aggregate[indices] -= float64 values
 OP_ZERO: Final = 5  # aggregate[:] = 0
 OP_MOVE: Final = 6  # a compressed model change (compressed downlink); ends one version
+OP_LOCAL: Final = 7  # local training: coefficients, then the broadcast dt; ends one version
 
 _F64: Final = struct.Struct("<d")
 _MAX_U63: Final = 2**63 - 1
@@ -127,7 +137,29 @@ class Move:
     update: Update
 
 
-Op: TypeAlias = Add | Step | Sub | Zero | Move
+@dataclass(frozen=True)
+class Local:
+    """Local training, one communication: the anchor's ``coefs.steps`` local steps
+    ``y += gamma v``, then ``y += rho dt`` and ``v += c_v dt`` with ``dt`` the broadcast
+    (:mod:`edge_agent.numerics.local`); the aggregate of a local job is ``v``."""
+
+    coefs: LocalCoefs
+    update: Update
+    #: the :func:`member_tag` of every member whose change did not enter (usually none)
+    absent: frozenset[bytes] = frozenset()
+
+
+#: bytes of a member's tag in a LOCAL operation
+TAG_BYTES: Final = 4
+
+
+def member_tag(agent: str) -> bytes:
+    """A member's tag in a LOCAL operation's list of absent members: the first
+    :data:`TAG_BYTES` bytes of SHA-256 of its id (UTF-8)."""
+    return hashlib.sha256(agent.encode("utf-8")).digest()[:TAG_BYTES]
+
+
+Op: TypeAlias = Add | Step | Sub | Zero | Move | Local
 
 
 @dataclass(frozen=True)
@@ -170,6 +202,27 @@ def move_op(update: Update, *, job: str) -> bytes:
     pos = wire.body_offset(blob)
     entry = blob[4:6] + wire.uvarint(update.t) + blob[pos:]
     return bytes([OP_MOVE]) + wire.uvarint(len(entry)) + entry
+
+
+def local_op(update: Update, coefs: LocalCoefs, *, job: str, absent: Sequence[str] = ()) -> bytes:
+    """A LOCAL operation: ``steps`` (uvarint), ``gamma``, ``rho``, ``c``, ``c_v`` (float64
+    each), the number of absent members (uvarint) and their tags (:func:`member_tag`,
+    sorted), then the broadcast ``dt`` as a relayed entry (its values' own dtype)."""
+    tags = sorted({member_tag(a) for a in absent})
+    blob = wire.encode(update, job=job, agent="r", round=0, seq=0)
+    pos = wire.body_offset(blob)
+    entry = blob[4:6] + wire.uvarint(update.t) + blob[pos:]
+    return b"".join(
+        [
+            bytes([OP_LOCAL]),
+            wire.uvarint(coefs.steps),
+            *(_F64.pack(v) for v in (coefs.gamma, coefs.rho, coefs.c, coefs.c_v)),
+            wire.uvarint(len(tags)),
+            *tags,
+            wire.uvarint(len(entry)),
+            entry,
+        ]
+    )
 
 
 def step_op(coef: float) -> bytes:
@@ -262,7 +315,7 @@ def decode_downlink(
 
 def _head(r: wire.Reader, kind: int) -> tuple[int, str]:
     comp, flags, job = wire.read_header(r, kind)
-    if comp != 0 or flags not in (0, 1):
+    if comp != 0 or flags not in (0, 1, 2) or (kind == TYPE_STATE and flags == 2):
         raise WireFormatError(f"downlink message: compressor byte {comp} / flags {flags:#04x}")
     return flags, job
 
@@ -312,7 +365,7 @@ def _decode_steps(buf: bytes) -> Steps:
     ends = 0
     while r.pos < len(buf):
         op = _read_op(r, buf, d, job_ident)
-        ends += isinstance(op, Step | Move)
+        ends += isinstance(op, Step | Move | Local)
         ops.append(op)
     if ends != version - base:
         raise WireFormatError(
@@ -340,6 +393,15 @@ def _read_op(r: wire.Reader, buf: bytes, d: int, job_ident: bytes) -> Op:
         return Sub(idx, vals)
     if code == OP_ZERO:
         return Zero()
+    if code == OP_LOCAL:
+        steps = r.uvarint("local steps", 1 << 16)
+        gamma, rho, c, c_v = (_finite(r, what) for what in ("gamma", "rho", "c", "c_v"))
+        if not (gamma > 0 and 0 < rho <= 1 and steps >= 1):
+            raise WireFormatError(f"local: steps {steps}, gamma {gamma}, rho {rho} out of range")
+        n = r.uvarint("absent members", len(buf))
+        absent = frozenset(r.take(TAG_BYTES, "member tag") for _ in range(n))
+        coefs = LocalCoefs(steps, gamma, rho, c, c_v)
+        return Local(coefs, _read_entry(r, d, job_ident), absent)
     raise WireFormatError(f"unknown operation code {code}")
 
 

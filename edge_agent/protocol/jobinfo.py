@@ -39,14 +39,14 @@ from edge_agent.validation import (
     tuple_of,
 )
 
-FeedbackSetting = Literal["none", "ef", "ef21", "dir", "any"]
+FeedbackSetting = Literal["none", "ef", "ef21", "dir", "local", "any"]
 #: the values of ``AGG_FEEDBACK`` / ``EngineConfig.feedback``
-FEEDBACK_SETTINGS: Final[tuple[str, ...]] = ("none", "ef", "ef21", "dir", "any")
+FEEDBACK_SETTINGS: Final[tuple[str, ...]] = ("none", "ef", "ef21", "dir", "local", "any")
 
 _IDENT: Final = string(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
 
 
-def family_of(feedback: str) -> Literal["mean", "ef21"] | None:
+def family_of(feedback: str) -> Literal["mean", "ef21", "local"] | None:
     """The update family a feedback setting (or a hello's semantics) belongs to; None for
     ``any`` (no family configured)."""
     if feedback == "any":
@@ -58,6 +58,8 @@ def agent_flag(feedback: str) -> str:
     """The agent option(s) that fit a job running ``feedback`` (for error messages)."""
     if feedback == "ef21":
         return "--feedback ef21"
+    if feedback == "local":
+        return "--local-steps H (H: the job's AGG_LOCAL_STEPS)"
     return "--feedback none (or ef, or --curvature directional)"
 
 
@@ -72,12 +74,15 @@ class JobInfo:
     d: int
     model: str
     feedback: FeedbackSetting
-    #: ``mean`` or ``ef21``; null while ``feedback`` is ``any`` and no agent fixed it
-    family: Literal["mean", "ef21"] | None = None
+    #: ``mean``, ``ef21`` or ``local``; null while ``feedback`` is ``any`` and no agent
+    #: fixed it
+    family: Literal["mean", "ef21", "local"] | None = None
     compressors: tuple[str, ...]
     #: the minibatch every agent must use (rows, or a fraction of its shard; AGG_BATCH_SIZE);
     #: null: any, full local gradients included
     batch_size: float | None = None
+    #: local training: the local steps between communications (AGG_LOCAL_STEPS); null: none
+    local_steps: int | None = None
 
     CHECKS: ClassVar[Mapping[str, Check]] = {
         "type": literal("job"),
@@ -85,19 +90,22 @@ class JobInfo:
         "d": integer(gt=0),
         "model": string(),
         "feedback": literal(*FEEDBACK_SETTINGS),
-        "family": optional(literal("mean", "ef21")),
+        "family": optional(literal("mean", "ef21", "local")),
         "compressors": tuple_of(string()),
         "batch_size": optional(number(gt=0)),
+        "local_steps": optional(integer(gt=0)),
     }
 
     def __post_init__(self) -> None:
         revalidate(self)
 
     def dump(self) -> bytes:
-        """The JSON announcement; ``batch_size`` only when set (older agents' view unchanged)."""
+        """The JSON announcement; ``batch_size`` and ``local_steps`` only when set (older
+        agents' view unchanged)."""
         data = dump(self, exclude_none=False)
-        if self.batch_size is None:
-            del data["batch_size"]
+        for key in ("batch_size", "local_steps"):
+            if data[key] is None:
+                del data[key]
         return compact_json(data).encode()
 
 
@@ -136,6 +144,7 @@ def conflict(
     semantics: str,
     compressor: str,
     batch_size: float | None = None,
+    local_steps: int | None = None,
 ) -> str | None:
     """One line naming the job's value, the agent's and the fix; None when they fit."""
     if info.job != job:
@@ -164,6 +173,12 @@ def conflict(
             f"(AGG_BATCH_SIZE), this agent {'full gradients' if batch_size is None else f'{batch_size:g}'}: "
             f"run it with --batch-size {info.batch_size:g}"
         )
+    if info.local_steps is not None and local_steps != info.local_steps:
+        return (
+            f"job {job} runs local training with {info.local_steps} local steps "
+            f"(AGG_LOCAL_STEPS), this agent {local_steps or 'none'}: "
+            f"run it with --local-steps {info.local_steps}"
+        )
     return None
 
 
@@ -178,6 +193,7 @@ class Fit:
     semantics: str
     compressor: str
     batch_size: float | None = None
+    local_steps: int | None = None
 
 
 @dataclass(frozen=True)
@@ -209,6 +225,7 @@ def judge(topic: str, payload: bytes, fit: Fit) -> Verdict | None:
         semantics=fit.semantics,
         compressor=fit.compressor,
         batch_size=fit.batch_size,
+        local_steps=fit.local_steps,
     )
     give_up = None if line is None else f"agent {fit.agent_id} does not fit the job: {line}"
     return Verdict(line, give_up)

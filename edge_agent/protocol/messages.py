@@ -296,8 +296,8 @@ class Hello(_Msg):
     smoothness: float = _spec(_bounded(_finite_float, gt=0))
     model: str = _spec(_text())
     compressor: str = _spec(_text())
-    semantics: Literal["plain", "ef", "ef21", "dir"] = _spec(
-        _literal("plain", "ef", "ef21", "dir"), "plain"
+    semantics: Literal["plain", "ef", "ef21", "dir", "local"] = _spec(
+        _literal("plain", "ef", "ef21", "dir", "local"), "plain"
     )
     policy: str = _spec(_text(), "cat")
     profile: str = _spec(_text(), "")
@@ -370,10 +370,17 @@ class Control(_Msg):
 
 
 #: Refusal reasons that cannot heal by retrying: the agent's settings (feedback, d, model,
-#: compressor, batch size) do not fit the job's. An agent stops after a few of them
-#: (``--max-refusals``).
+#: compressor, batch size) do not fit the job's, or a local-training job's members are
+#: fixed without it. An agent stops after a few of them (``--max-refusals``).
 REFUSAL_FATAL: frozenset[str] = frozenset(
-    {"wrong_semantics", "wrong_d", "wrong_model", "wrong_compressor", "wrong_batch_size"}
+    {
+        "wrong_semantics",
+        "wrong_d",
+        "wrong_model",
+        "wrong_compressor",
+        "wrong_batch_size",
+        "local_members_fixed",
+    }
 )
 
 

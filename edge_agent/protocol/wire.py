@@ -45,6 +45,15 @@ FIXED_HEADER_BYTES = 6  # magic 2 + version 1 + type 1 + compressor 1 + flags 1
 _DTYPE_CODES: dict[str, int] = {"float32": 0, "float16": 1, "float64": 2}
 _CODE_DTYPES = {v: k for k, v in _DTYPE_CODES.items()}
 _SEM_CODES: dict[str, int] = {s: i for i, s in enumerate(SEMANTICS)}
+#: flags bit 5 extends the semantics code (bits 2-3) with its third bit (code 4: local)
+_SEM_HIGH = 0x20
+
+
+def _sem_flags(code: int) -> int:
+    """The flags bits of semantics ``code``: its low two bits at bits 2-3, its third at 5."""
+    return ((code & 0x03) << 2) | (_SEM_HIGH if code & 0x04 else 0)
+
+
 _ID_COMPRESSORS = {v: k for k, v in COMPRESSOR_IDS.items()}
 
 IntArray = npt.NDArray[np.int64]
@@ -357,7 +366,7 @@ def encode(
     else:
         dtype_name = value_dtype or _dtype_name(u.values.dtype)
     dt = VALUE_DTYPES[dtype_name]
-    flags = _DTYPE_CODES[dtype_name] | (_SEM_CODES[u.semantics] << 2)
+    flags = _DTYPE_CODES[dtype_name] | _sem_flags(_SEM_CODES[u.semantics])
     if mac_key is not None:
         flags |= FLAG_MAC
     parts = [
@@ -405,7 +414,7 @@ Head = tuple[str, ValueDtype, Semantics, str, str, int, int, int, int, int]
 _UPDATE_PREFIX = MAGIC + bytes([VERSION, TYPE_UPDATE])
 #: every valid flags byte -> (value dtype, semantics)
 _FLAGS: dict[int, tuple[ValueDtype, Semantics]] = {
-    code | (sem_code << 2) | mac: (name, sem)  # type: ignore[misc]
+    code | _sem_flags(sem_code) | mac: (name, sem)  # type: ignore[misc]
     for name, code in _DTYPE_CODES.items()
     for sem_code, sem in enumerate(SEMANTICS)
     for mac in (0, FLAG_MAC)
@@ -469,12 +478,12 @@ def header_checked(buf: bytes) -> Head:
     compressor = _ID_COMPRESSORS.get(comp_id)
     if compressor is None:
         raise WireFormatError(f"unknown compressor id {comp_id}")
-    if flags & ~(0x0F | FLAG_MAC):
+    if flags & ~(0x0F | FLAG_MAC | _SEM_HIGH):
         raise WireFormatError(f"reserved flag bits set: {flags:#04x}")
     dtype_name = _CODE_DTYPES.get(flags & 0x03)
     if dtype_name is None:
         raise WireFormatError(f"unknown value dtype code {flags & 0x03}")
-    sem_code = (flags >> 2) & 0x03
+    sem_code = ((flags >> 2) & 0x03) | (0x04 if flags & _SEM_HIGH else 0)
     if sem_code >= len(SEMANTICS):
         raise WireFormatError(f"unknown semantics code {sem_code}")
     semantics = SEMANTICS[sem_code]

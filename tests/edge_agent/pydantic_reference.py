@@ -355,14 +355,15 @@ class JobInfo(BaseModel):
     job: Ident
     d: int = Field(gt=0)
     model: str
-    feedback: Literal["none", "ef", "ef21", "dir", "any"]
-    family: Literal["mean", "ef21"] | None = None
+    feedback: Literal["none", "ef", "ef21", "dir", "local", "any"]
+    family: Literal["mean", "ef21", "local"] | None = None
     compressors: tuple[str, ...]
     batch_size: float | None = Field(default=None, gt=0)
+    local_steps: int | None = Field(default=None, gt=0)
 
     def dump(self) -> bytes:
-        unset = {"batch_size"} if self.batch_size is None else None
-        return self.model_dump_json(exclude=unset).encode()
+        unset = {k for k in ("batch_size", "local_steps") if getattr(self, k) is None}
+        return self.model_dump_json(exclude=unset or None).encode()
 
 
 def parse_job_info(obj: dict[str, Any]) -> JobInfo:

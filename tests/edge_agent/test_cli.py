@@ -12,7 +12,8 @@ import pytest
 
 from aggregator.localnet import free_port
 from edge_agent.agent.loop import Agent, AgentConfig
-from edge_agent.cli.commands import main, run_summary
+from edge_agent.cli.commands import main
+from edge_agent.cli.summary import run_summary
 from edge_agent.data import load_dataset
 from edge_agent.links.profiles import list_profiles, load_profile, resolve_profile
 from edge_agent.numerics.models import make_model

@@ -36,7 +36,7 @@ class Hello(_Msg):
     smoothness: float = Field(gt=0, allow_inf_nan=False)
     model: str
     compressor: str
-    semantics: Literal["plain", "ef", "ef21", "dir"] = "plain"
+    semantics: Literal["plain", "ef", "ef21", "dir", "local"] = "plain"
     policy: str = "cat"
     profile: str = ""
     objective: str = ""

@@ -28,7 +28,7 @@ from edge_agent.protocol.wire_many import decode_many
 DTYPES = {"float32": "<f4", "float16": "<f2", "float64": "<f8"}
 DTYPE_CODES = {"float32": 0, "float16": 1, "float64": 2}
 COMPRESSOR_IDS = {"dense": 0, "topk": 1, "signtopk": 2, "randk": 3}
-SEMANTICS = ("plain", "ef", "ef21", "dir")
+SEMANTICS = ("plain", "ef", "ef21", "dir", "local")
 NAMES = ["pi-01", "pi-02", "node.7", "a", "x" * 64, "edge_12", "Z-9.z"]
 ROUNDS = [0, 1, 127, 128, 1000, 2**14, 2**35, 2**63 - 1]
 
@@ -251,7 +251,7 @@ def test_random_valid_batch_equals_decode(seed: int) -> None:
     sparse = [h for h, _ in decoded if h.compressor != "dense" and h.t > 0]
     assert {best_code(h.d, h.t)[0] for h in sparse} == {1, 3}  # both index codes occur
     assert {h.compressor for h in sparse} == {"topk", "signtopk", "randk"}
-    assert len({(h.value_dtype, h.semantics) for h in sparse}) == 12
+    assert len({(h.value_dtype, h.semantics) for h in sparse}) == 15
     # the same messages shuffled, and as bytearray / memoryview
     perm = rng.permutation(len(batch))
     check([bytearray(batch[i]) if i % 3 == 0 else memoryview(batch[i]) for i in perm])

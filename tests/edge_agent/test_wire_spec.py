@@ -29,7 +29,13 @@ SPEC = Path(__file__).resolve().parents[2] / "docs" / "wire-format.md"
 MAGIC = b"\xca\x7e"
 COMPRESSORS = {0: "dense", 1: "topk", 2: "signtopk", 3: "randk"}
 DTYPES = {0: ("float32", "<f4"), 1: ("float16", "<f2"), 2: ("float64", "<f8")}
-SEMANTICS = {0: "plain", 1: "ef", 2: "ef21", 3: "dir"}  # section 2, flags bits 2-3
+SEMANTICS = {
+    0: "plain",
+    1: "ef",
+    2: "ef21",
+    3: "dir",
+    4: "local",
+}  # section 2, flags bits 2-3 and 5
 ID_CHARS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 MAX_U63 = 2**63 - 1
 MAX_D = 2**32 - 1
@@ -212,13 +218,18 @@ def _header(cur: Cursor, types: tuple[int, ...]) -> tuple[int, int, int, str]:
     return kind, comp, flags, cur.ident()
 
 
+def _sem_code(flags: int) -> int:
+    """Section 3.2: bits 2-3 hold the semantics code's low two bits, bit 5 its third."""
+    return ((flags >> 2) & 3) | (4 if flags & 0x20 else 0)
+
+
 def spec_decode(buf: bytes) -> SpecUpdate:
     """Decode an update message (section 3); raise SpecError on any rule of section 7."""
     cur = Cursor(buf)
     _, comp, flags, job = _header(cur, (1,))
     if comp not in COMPRESSORS:
         raise SpecError("unknown compressor")
-    if flags & 0xE0 or (flags & 3) not in DTYPES or (flags >> 2) & 3 not in SEMANTICS:
+    if flags & 0xC0 or (flags & 3) not in DTYPES or _sem_code(flags) not in SEMANTICS:
         raise SpecError(f"bad flags {flags:#04x}")
     mac: bytes | None = None
     if flags & 0x10:  # section 3.3: the last 8 bytes are the MAC, the body ends before them
@@ -257,7 +268,7 @@ def spec_decode(buf: bytes) -> SpecUpdate:
     cur.end()
     if name != "signtopk" and not np.isfinite(values).all():
         raise SpecError("non-finite value")
-    sem = SEMANTICS[(flags >> 2) & 3]
+    sem = SEMANTICS[_sem_code(flags)]
     return SpecUpdate(job, agent, rnd, seq, name, d, t, dtype, sem, indices, values, scale, mac)
 
 
@@ -417,7 +428,7 @@ def updates(draw: st.DrawFn) -> tuple[Update, dict[str, Any]]:
         else draw(st.one_of(st.integers(0, d), st.integers(0, min(d, 50)), st.just(d)))
     )
     dtype = draw(st.sampled_from(["float32", "float16", "float64"]))
-    semantics = draw(st.sampled_from(["plain", "ef", "ef21", "dir"]))
+    semantics = draw(st.sampled_from(["plain", "ef", "ef21", "dir", "local"]))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     idx = None if compressor == "dense" else sample_indices(rng, d, t)
     scale = None
@@ -806,7 +817,8 @@ BAD_UPDATES = {
     "wrong type": _patched(_topk_blob(), 3, b"\x02"),
     "unknown compressor": _patched(_topk_blob(), 4, b"\x04"),
     "dtype code 3": _patched(_topk_blob(), 5, b"\x03"),
-    "reserved flag bit": _patched(_topk_blob(), 5, b"\x20"),
+    "reserved flag bit": _patched(_topk_blob(), 5, b"\x40"),
+    "semantics code 5": _patched(_topk_blob(), 5, b"\x24"),
     "reserved flag bit 7": _patched(_topk_blob(), 5, b"\x80"),
     "MAC bit, no MAC": _patched(_topk_blob(), 5, b"\x10"),
     "empty job": _patched(_topk_blob(), 6, b"\x00", 5),

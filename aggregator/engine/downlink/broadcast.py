@@ -44,7 +44,7 @@ import numpy.typing as npt
 from aggregator.engine.downlink.outbound import DeltaParts, Outbound, StepsParts
 from edge_agent.links.profiles import CostProfile
 from edge_agent.links.shared import SharedDownlink
-from edge_agent.numerics.compressors import compress
+from edge_agent.numerics.compressors import Update, compress
 from edge_agent.numerics.selection import select
 from edge_agent.protocol import downlink, topics, wire
 from edge_agent.protocol.indexcode import index_bytes
@@ -366,6 +366,25 @@ class Broadcast:
 
         return price
 
+    # ------------------------------------------------------------- local training
+
+    def compress_change(self, r: FloatArray, prices: Sequence[DownPrice]) -> Update:
+        """A local-training broadcast: ``r`` compressed by sign-top-T with T chosen by CAT
+        on the fleet's receiving cost (as the compressed downlink's change), and passed
+        through the codec, so the aggregator uses the very values every member decodes."""
+        t = 0 if not r.any() else select(r, "signtopk", self._fleet_price(prices)).t
+        self.t_down = t
+        u = compress(r, "signtopk", t, rng=self._rng)
+        return wire.decode(wire.encode(u, job=self.job, agent="r", round=0, seq=0))[1]
+
+    def local(self, base: int, version: int, ops: tuple[bytes, ...]) -> Outbound:
+        """The broadcast of a local-training version (its SUB corrections and its LOCAL
+        operation): every copy of the anchor stays exact, so it is kept for catch-ups."""
+        steps = StepsParts(self.job, self.d, base, version, "local", ops)
+        self._history.append(steps)
+        self._ops_complete = True
+        return Outbound(topics.delta(self.job), steps=steps)
+
     # ------------------------------------------------------------- catching up
 
     def catch_up(self, have: int | None, version: int) -> Outbound | None:
@@ -393,13 +412,13 @@ class Broadcast:
         aggregate of the last version, so a restored engine chooses as the live one."""
         out: dict[str, Any] = {"mode": self.mode}
         if self.w is not None:
-            out["w"] = _b64(self.w)
+            out["w"] = b64_array(self.w)
         if self.mode == "auto":
             out["synced"] = self.synced
             out["complete"] = self._ops_complete
             out["ops"] = [base64.b64encode(op).decode("ascii") for op in self._ops]
             agg = self._agg_at_version
-            out["agg_at_version"] = None if agg is None else _b64(agg)
+            out["agg_at_version"] = None if agg is None else b64_array(agg)
         return out
 
     def restore(self, data: dict[str, Any] | None) -> None:
@@ -409,7 +428,7 @@ class Broadcast:
         self._agg_at_version = None
         data = data or {}
         if self.mode in ("cat", "auto") and data.get("w"):
-            w = _unb64(data["w"], self.d)
+            w = array_from_b64(data["w"], self.d)
             if w is not None:
                 self.w = w
         if self.mode == "auto":
@@ -420,14 +439,14 @@ class Broadcast:
             self._ops = [base64.b64decode(op) for op in data.get("ops", [])]
             self._ops_complete = bool(data.get("complete", False))
             agg = data.get("agg_at_version")
-            self._agg_at_version = None if agg is None else _unb64(agg, self.d)
+            self._agg_at_version = None if agg is None else array_from_b64(agg, self.d)
 
 
-def _b64(arr: FloatArray) -> str:
+def b64_array(arr: FloatArray) -> str:
     return base64.b64encode(np.ascontiguousarray(arr, dtype="<f8").tobytes()).decode("ascii")
 
 
-def _unb64(text: str, d: int) -> FloatArray | None:
+def array_from_b64(text: str, d: int) -> FloatArray | None:
     """The float64 array :func:`_b64` wrote, None unless it has ``d`` finite entries."""
     arr = np.frombuffer(base64.b64decode(text), dtype="<f8").astype(np.float64)
     return arr if arr.shape == (d,) and np.isfinite(arr).all() else None

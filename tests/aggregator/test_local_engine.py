@@ -1,0 +1,170 @@
+"""Local training in the real engine and agents (LoCoDL, feedback ``local``), in process.
+
+Every party replays the aggregator's LOCAL operations: the anchor, its ``v`` and each
+member's control variate (the aggregator's mirror) hold the same bits on both sides; a
+checkpoint taken mid-run continues exactly as the live engine; a member that rejoins fresh
+keeps the anchors exact; an agent that is not a member once the job started is refused.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from aggregator.engine.rounds import RoundEngine
+from aggregator.engine.types import EngineConfig
+from aggregator.sim.harness import FleetHarness
+from edge_agent.agent.loop import AgentConfig
+from edge_agent.data import Dataset
+from edge_agent.data.datagen import make_rcv1_like, split_shards
+from edge_agent.links.profiles import load_profile
+from edge_agent.numerics.local import LocalConfig
+from edge_agent.numerics.models import Model, make_model
+from edge_agent.protocol import jobinfo
+
+D = 1500
+N = 4
+
+
+def _problem() -> tuple[Dataset, list[Dataset], Model]:
+    ds = make_rcv1_like(1600, D, rng=np.random.default_rng(0))
+    shards = split_shards(ds, N, rng=np.random.default_rng(1))
+    return ds, shards, make_model("logreg", n_features=D, l2=1e-3)
+
+
+def _config(h: int = 5) -> EngineConfig:
+    return EngineConfig(job="lt", d=D, model="logreg", min_agents=N, feedback="local",
+                        local=LocalConfig(local_steps=h), max_rounds=500)  # fmt: skip
+
+
+def _fleet(eng: RoundEngine, h: int = 5) -> FleetHarness:
+    _, shards, model = _problem()
+    fleet = FleetHarness(eng)
+    prof = load_profile("paper_payload_bits")
+    for i, shard in enumerate(shards):
+        cfg = AgentConfig(job="lt", agent_id=f"a{i}", compressor="signtopk", resend_s=None,
+                          local_steps=h, duty_cycle="ignore")  # fmt: skip
+        fleet.add_agent(cfg, model=model, data=shard, profile=prof)
+    fleet.start()
+    fleet.pump(strict=True)
+    return fleet
+
+
+def _rounds(fleet: FleetHarness, k: int) -> None:
+    for _ in range(k):
+        fleet.deliver()
+        fleet.step()
+        fleet.clock.now += 1.0
+        fleet.pump(strict=True)
+    fleet.deliver()
+
+
+def _exact(fleet: FleetHarness, eng: RoundEngine) -> None:
+    hub = eng.model.local_hub
+    assert hub is not None
+    for agent in fleet.agents:
+        assert agent.version == eng.version
+        assert agent.x is not None and agent.replica.aggregate is not None
+        assert np.array_equal(agent.x, eng.model.x)
+        assert np.array_equal(agent.replica.aggregate, hub.v)
+        assert agent.local is not None
+        assert np.array_equal(agent.local.u, hub.u[agent.config.agent_id])
+
+
+def test_local_training_converges_with_exact_copies_and_compressed_messages() -> None:
+    ds, _, model = _problem()
+    eng = RoundEngine(_config())
+    with _fleet(eng) as fleet:
+        start = model.loss(eng.model.x, ds)
+        _rounds(fleet, 40)
+        _exact(fleet, eng)
+        assert eng.version == 40
+        loss = model.loss(eng.model.x, ds)
+        assert loss < start - 0.05
+        logs = [a.last_log for a in fleet.agents]
+        assert all(log is not None and 0 < log.t < D for log in logs)  # CAT-compressed up
+        t_down = eng.model.t_down
+        assert t_down is not None and 0 < t_down < D  # and down
+        # five local gradients per round and member after the first (empty) round
+        assert all(a.local is not None and a.local.gradients == 5 * 39 for a in fleet.agents)
+
+
+def test_a_checkpoint_continues_exactly_as_the_live_engine() -> None:
+    live = RoundEngine(_config())
+    with _fleet(live) as fleet:
+        _rounds(fleet, 12)
+        snap = live.export()
+        restored = RoundEngine.restore(_config(), snap)
+        assert np.array_equal(restored.model.x, live.model.x)
+        # the same next updates go to both engines: the same next version, bit for bit
+        fleet.step()
+        pending = list(fleet.waiting())
+        for msg in pending:
+            live.handle(msg.topic, msg.payload, fleet.clock.now)
+            restored.handle(msg.topic, msg.payload, fleet.clock.now)
+        assert live.version == restored.version == 13
+        assert np.array_equal(live.model.x, restored.model.x)
+        a, b = live.model.local_hub, restored.model.local_hub
+        assert a is not None and b is not None
+        assert np.array_equal(a.v, b.v) and np.array_equal(a.e, b.e)
+        assert all(np.array_equal(a.u[m], b.u[m]) for m in a.u)
+
+
+def test_a_member_that_rejoins_fresh_keeps_every_copy_exact() -> None:
+    eng = RoundEngine(_config())
+    with _fleet(eng) as fleet:
+        _rounds(fleet, 8)
+        agent = fleet.agents[1]
+        agent._reset_state()  # as after a restart: fresh hello, u_i = 0
+        fleet.pump(strict=True)
+        _rounds(fleet, 6)
+        _exact(fleet, eng)
+        assert agent.counters.resets == 1
+
+
+def test_job_settings_name_the_local_steps_and_a_newcomer_is_refused() -> None:
+    eng = RoundEngine(_config(h=5))
+    with _fleet(eng) as fleet:
+        _rounds(fleet, 2)
+        _, shards, model = _problem()
+        late = fleet.add_agent(
+            AgentConfig(
+                job="lt",
+                agent_id="late",
+                compressor="signtopk",
+                resend_s=None,
+                local_steps=5,
+                duty_cycle="ignore",
+            ),
+            model=model,
+            data=shards[0],
+            profile=load_profile("paper_payload_bits"),
+        )
+        late.start()
+        fleet.pump()
+        assert eng.agents.get("late") is None
+        assert eng.refusals.export()  # counted
+    fit = jobinfo.conflict(
+        jobinfo.JobInfo(
+            job="lt",
+            d=D,
+            model="logreg",
+            feedback="local",
+            family="local",
+            compressors=("signtopk",),
+            local_steps=5,
+        ),
+        job="lt",
+        d=D,
+        model="logreg",
+        semantics="local",
+        compressor="signtopk",
+        local_steps=3,
+    )
+    assert fit is not None and "--local-steps 5" in fit
+
+
+@pytest.mark.parametrize("bad", [{"feedback": "local"}, {"local": LocalConfig(local_steps=5)}])
+def test_feedback_local_and_its_configuration_go_together(bad: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match="go together"):
+        EngineConfig(job="lt", d=D, model="logreg", **bad)  # type: ignore[arg-type]
