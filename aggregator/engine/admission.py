@@ -32,10 +32,10 @@ REJECT_REASONS: Final[tuple[str, ...]] = (
     "wrong_compressor",
     "wrong_semantics",
     "wrong_batch_size",
+    "wrong_local_steps",
     "out_of_bounds",
     "unknown_profile",
     "too_many_agents",
-    "local_members_fixed",
     "too_large",
     "oversize",
     "would_diverge",
@@ -206,6 +206,7 @@ def check_hello(
     limits: Limits | None = None,
     feedback: str = "any",
     batch_size: float | None = None,
+    local_steps: int | None = None,
 ) -> messages.Hello:
     """A hello that fits the job and ``limits`` (None: the defaults). ``feedback``: the
     job's configured feedback (``AGG_FEEDBACK``; ``any``: ``family`` decides); ``family``:
@@ -239,6 +240,12 @@ def check_hello(
         )
     check_family(hello, feedback=feedback, family=family, alone=alone)
     check_batch_size(hello, batch_size)
+    if local_steps is not None and hello.local_steps != local_steps:
+        raise Reject(
+            "wrong_local_steps",
+            f"{hello.agent}: local steps {hello.local_steps}; job runs local training with "
+            f"{local_steps} (AGG_LOCAL_STEPS); run the agent with --local-steps {local_steps}",
+        )
     if hello.semantics == "dir":
         _check_directional(hello, fixed_step=fixed_step)
     check_hello_bounds(hello, limits or Limits())

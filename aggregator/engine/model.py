@@ -30,7 +30,7 @@ from aggregator.engine.robust_round import downlink
 from aggregator.engine.types import EngineConfig, EngineSnapshot, Evaluator, FloatArray
 from edge_agent.numerics.aggregation import EF21Mirror, StepResult
 from edge_agent.numerics.compressors import Update
-from edge_agent.numerics.local import LocalCoefs, LocalHub
+from edge_agent.numerics.local import LocalHub
 from edge_agent.protocol import downlink as dl
 from edge_agent.protocol import messages, topics, wire
 from edge_agent.protocol.downlink import Family
@@ -67,9 +67,12 @@ class JobModel:
         relay = config.aggregation.kind == "mean"  # replicas replay only a mean step
         self._down = Broadcast(config.job, d, mode, window=config.downlink_window, relay=relay)
         #: local training (feedback ``local``): v, e and the members' mirrored u_i
-        self._local = None if config.local is None else LocalHub(d, config.local)
-        #: local training: the encoded operations of the next version (SUB corrections of
-        #: members reset since the last one, then its LOCAL operation)
+        self._local = (
+            None
+            if config.local is None
+            else LocalHub(d, config.local, max_absent=config.participation_window)
+        )
+        #: local training: the LOCAL operation of the version being closed
         self._local_ops: list[bytes] = []
 
     # ------------------------------------------------------------------ reading
@@ -199,13 +202,10 @@ class JobModel:
         self._guard.accepted(agent, *norms, ef21=ef21, weight=weight)
 
     def reset_agent(self, agent: str) -> None:
-        """Drop ``agent``'s EF21 state (none: nothing); in a local job its mirrored control
-        variate, with the correction of ``v`` every replica applies with the next version."""
+        """Drop ``agent``'s EF21 state (none: nothing); in a local job its membership and
+        mirrored control variate (it joins again with its next change)."""
         if self._local is not None:
-            sub = self._local.reset(agent)
-            if sub is not None:
-                nz = np.flatnonzero(sub)
-                self._local_ops.append(dl.sub_op(nz, sub[nz], self.config.d))
+            self._local.reset(agent)
             return
         h = self._ef21.h.get(agent)
         self._ef21.reset_agent(agent)
@@ -213,26 +213,19 @@ class JobModel:
             self._guard.state_dropped(h)
             self._down.drop_state(h, none_left=not self._ef21.h)
 
-    def admits(self, agent: str) -> bool:
-        """Whether ``agent`` may join: a local job's members are fixed by its first round."""
-        members = None if self._local is None else self._local.members
-        return members is None or agent in members
-
     def step(
         self,
         round: OpenRound,
         gamma: float,
-        members: tuple[str, ...] = (),
         profiles: Iterable[tuple[str, str | None]] = (),
     ) -> tuple[StepResult, float]:
         """Step ``x`` in place with the open round's state (docs/algorithm.md); returns what
         the step did and its coefficient (replicas step with the same one). EF21 averages
         the states over the agents that hold one (an accepted change, h_i kept): ids that
         only said hello hold none and do not shrink the step. A local job communicates
-        (``members``: the registered agents, fixed by the first round; ``profiles`` price
-        the broadcast)."""
+        (``profiles`` price the broadcast)."""
         if self._local is not None:
-            return self._communicate(round, gamma, members, self._pricer.down_prices(profiles))
+            return self._communicate(round, gamma, self._pricer.down_prices(profiles))
         if self.family == "ef21":
             n_agents = max(1, len(self._ef21.h))
             # async: only `count` of the n states are fresh; a full step per K updates
@@ -244,21 +237,23 @@ class JobModel:
         return round.step(self.x, coef), coef
 
     def _communicate(
-        self, round: OpenRound, gamma: float, members: tuple[str, ...], prices: list[DownPrice]
+        self, round: OpenRound, gamma: float, prices: list[DownPrice]
     ) -> tuple[StepResult, float]:
         """Local training: one communication of the hub on ``x`` (the anchor); the LOCAL
         operation that replays it waits in ``_local_ops`` for :meth:`stepped`."""
         hub, cfg = self._local, self.config
         assert hub is not None and cfg.local is not None
-        hub.fix_members(members)
-        coefs = LocalCoefs.of(cfg.local, gamma)
-        absent = hub.absent()
+        coefs = hub.coefs(gamma)
         old = self.x.copy()
-        cast = hub.close(self.x, round.accumulator.export(), lambda r: self._down.compress_change(r, prices), coefs)  # fmt: skip
-        if cast is None:
-            return StepResult(np.zeros(0, dtype=np.int64), False), gamma
-        self._local_ops.append(dl.local_op(cast, coefs, job=cfg.job, absent=absent))
-        return StepResult(np.flatnonzero(self.x != old), True), gamma
+        done = hub.close(self.x, round.accumulator.export(),
+                         lambda r: self._down.compress_change(r, prices), coefs)  # fmt: skip
+        if done is None:
+            return StepResult(np.zeros(0, dtype=np.int64), False), coefs.gamma
+        cast, who = done
+        op = dl.local_op(cast, coefs, job=cfg.job, absent=who.absent, joined=who.joined,
+                         left=who.left)  # fmt: skip
+        self._local_ops = [op]
+        return StepResult(np.flatnonzero(self.x != old), True), coefs.gamma
 
     def stepped(
         self,
@@ -314,7 +309,8 @@ class JobModel:
             state = self._local.export()
             h_agents, h, sum_h = state["u_agents"], state["u"], state["v"]
             local = {
-                "members": state["members"],
+                "gamma": state["gamma"],
+                "absences": state["absences"],
                 "e": b64_array(state["e"]),
                 "ops": [base64.b64encode(op).decode("ascii") for op in self._local_ops],
             }
@@ -360,6 +356,6 @@ class JobModel:
         v = snap.sum_h if snap.sum_h.size else np.zeros(d)
         if e is None:
             raise ValueError("local-training state: e does not fit d")
-        self._local.restore({"members": saved["members"], "u_agents": snap.h_agents,
-                             "u": snap.h, "v": v, "e": e})  # fmt: skip
+        self._local.restore({"gamma": saved.get("gamma"), "absences": saved.get("absences"),
+                             "u_agents": snap.h_agents, "u": snap.h, "v": v, "e": e})  # fmt: skip
         self._local_ops = [base64.b64decode(text) for text in saved.get("ops", [])]

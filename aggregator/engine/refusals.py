@@ -85,7 +85,7 @@ def job_info(config: EngineConfig) -> Outbound | None:
 
 @dataclass
 class RefusedAgent:
-    """One refused agent: its last reason, how many refusals, the last one's time (the
+    """One refused agent: its last reason (a settings refusal is not replaced by ``unknown_agent``), how many refusals, the last one's time (the
     engine's clock: Unix seconds in the service)."""
 
     agent: str
@@ -103,7 +103,11 @@ class RefusedAgents:
 
     def record(self, agent: str, reason: str, now: float) -> None:
         rec = self._by_agent.pop(agent, None) or RefusedAgent(agent, reason, 0, now)
-        rec.reason, rec.count, rec.last = reason, rec.count + 1, now
+        # a settings refusal names the fix; what the refused agent sends next (a request
+        # before any accepted hello: unknown_agent) must not hide it
+        if not (rec.reason in messages.REFUSAL_FATAL and reason == "unknown_agent"):
+            rec.reason = reason
+        rec.count, rec.last = rec.count + 1, now
         self._by_agent[agent] = rec
         while len(self._by_agent) > self.cap:
             del self._by_agent[next(iter(self._by_agent))]

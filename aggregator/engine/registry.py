@@ -204,7 +204,9 @@ class AgentRegistry:
                                       family=family, alone=self.only(agent),
                                       fixed_step=cfg.step_size is not None, limits=cfg.limits,
                                       feedback=cfg.feedback,
-                                      batch_size=cfg.batch_size)  # fmt: skip
+                                      batch_size=cfg.batch_size,
+                                      local_steps=None if cfg.local is None
+                                      else cfg.local.local_steps)  # fmt: skip
         known = self._agents.get(agent)
         admission.check_claims(hello, None if known is None else known.hello)
         self.check_signed(agent, hello.ctr, signed=signed, kind="hello")

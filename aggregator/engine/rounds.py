@@ -220,9 +220,6 @@ class RoundEngine(EngineView):
         text, signed = self._open("hello", agent, blob)
         hello = self.registry.check_hello(agent, text, signed=signed, config=self.config,
                                           family=self.family)  # fmt: skip
-        if not self.model.admits(agent):
-            detail = f"{agent}: a local-training job's members are fixed by its first round"
-            return self._reject("local_members_fixed", detail, agent, now)
         # --- apply
         self.refusals.refused_agents.forget(agent)
         self.model.hellos_changed()
@@ -355,8 +352,7 @@ class RoundEngine(EngineView):
         """Step the model with the open round, commit the new version, broadcast it."""
         gamma = self.gamma()
         profiles = [(a.hello.profile, self.traffic.group_of(a)) for a in self.registry]
-        members = tuple(a.hello.agent for a in self.registry)
-        step, coef = self.model.step(self.round_state, gamma, members, profiles)
+        step, coef = self.model.step(self.round_state, gamma, profiles)
         if not step.finite:
             return self._drop_round(now)
         base = self.version

@@ -6,9 +6,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final, cast
 
 from aggregator.engine.downlink.broadcast import DOWNLINK_MODES, DownlinkMode
@@ -21,7 +23,13 @@ from aggregator.sim.experiment import (
     RunResult,
     run_method,
 )
-from aggregator.sim.local import add_local_arguments, local_config, run_local_cases
+from aggregator.sim.local import (
+    add_local_arguments,
+    local_config,
+    local_records,
+    local_table,
+    run_local_cases,
+)
 from aggregator.sim.methods import Method, parse_method
 from aggregator.sim.problem import Fleet, Problem, build_fleet, build_problem
 from aggregator.sim.report import (
@@ -397,10 +405,12 @@ def _run(args: argparse.Namespace) -> int:
     if cfg is not None:  # local training: its own in-process aggregator (aggregator.sim.local)
         try:
             cases = [(fleet, case.methods, case.max_rounds) for fleet, case in fleets]
-            table = run_local_cases(
+            done = run_local_cases(
                 problem, cases, cfg, targets, downlink_pacing=not args.no_downlink_pacing
             )
-            print(table, flush=True)
+            print(local_table(done, targets), flush=True)
+            if args.json:
+                Path(args.json).write_text(json.dumps(local_records(done, targets), indent=2))
         except ValueError as exc:
             print(f"aggregator simulate: {exc}", file=sys.stderr)
             return 2

@@ -37,7 +37,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -408,9 +408,9 @@ def run_local_cases(
     targets: Sequence[float],
     *,
     downlink_pacing: bool = True,
-) -> str:
-    """Every (fleet, methods, max_rounds) case under local training; the table
-    (ValueError: a refused method, before anything runs)."""
+) -> list[LocalResult]:
+    """Every (fleet, methods, max_rounds) case under local training (ValueError: a
+    refused method, before anything runs)."""
     for _, methods, _ in cases:
         for method in methods:
             check_method(method, cfg)
@@ -427,7 +427,29 @@ def run_local_cases(
         for fleet, methods, max_rounds in cases
         for method in methods
     ]
-    return local_table(results, targets)
+    return results
+
+
+def local_records(results: Sequence[LocalResult], targets: Sequence[float]) -> list[dict[str, Any]]:
+    """The JSON records of ``--json`` under local training: one per (run, target), with the
+    table's fields in their units (bytes, J, s) and None where the target was not reached."""
+    out: list[dict[str, Any]] = []
+    for r in results:
+        for eps in sorted(targets, reverse=True):
+            k = r.reached.get(eps)
+            rec: dict[str, Any] = {"method": r.label, "split": r.split, "agents": r.fleet.agents,
+                                   "target": eps, "rounds": k, "stop_reason": r.stop_reason,
+                                   "gamma": r.gamma, "wall_s": r.wall_s}  # fmt: skip
+            if k is not None:
+                tr = r.trace
+                rec.update(grad_evals_per_agent=int(tr.grad_evals[k]),
+                           up_bytes=int(tr.up_bytes[k]), down_bytes=int(tr.down_bytes[k]),
+                           total_bytes=int(tr.up_bytes[k] + tr.down_bytes[k]),
+                           energy_j=float(tr.energy_j[k]),
+                           compute_energy_j=float(tr.compute_energy_j[k]),
+                           sim_time_s=float(tr.time_s[k]))  # fmt: skip
+            out.append(rec)
+    return out
 
 
 def local_table(results: Sequence[LocalResult], targets: Sequence[float]) -> str:
@@ -470,6 +492,7 @@ __all__ = [
     "add_local_arguments",
     "check_method",
     "local_config",
+    "local_records",
     "local_table",
     "run_local",
     "run_local_cases",

@@ -7,8 +7,11 @@ aggregator's LOCAL operations); the equations are :mod:`edge_agent.numerics.loca
 same float operations as the aggregator's mirror of ``u_i``.
 
 A job's first round carries no change: the step ``gamma`` and the number of local steps
-come with the aggregator's first broadcast (its LOCAL operation), so until then a member
-sends an empty update.
+come with the aggregator's first broadcast (its LOCAL operation), so until then an agent
+sends an empty update. An agent is a *member* from the broadcast that lists it as joined
+(its first change entered) until one lists it as left (absent too long) or it resets; a
+change of an agent that is not a member is discarded on both sides, and the agent starts
+again from the anchor with ``u_i = 0``.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ class LocalMember:
         self._sent: dict[int, FloatArray] = {}
         #: local gradient evaluations so far
         self.gradients = 0
+        #: whether the aggregator counts this agent (a broadcast listed it as joined)
+        self.member = False
 
     @property
     def started(self) -> bool:
@@ -69,18 +74,25 @@ class LocalMember:
         self._sent[round] = change
 
     def received(self, exchanges: list[Exchange]) -> None:
-        """The communications the replica replayed: ``x_i`` and ``u_i`` follow each one,
-        counting this member's change only where it entered (not listed as absent)."""
+        """The communications the replica replayed: ``x_i`` and ``u_i`` follow each one
+        while this agent is a member, counting its change only where it entered (not
+        listed as absent); a member listed as left, or an agent not listed as joined
+        before it is a member, starts again (see the module doc)."""
         for ex in exchanges:
             sent = self._sent.pop(ex.version - 1, None)
             for old in [r for r in self._sent if r < ex.version - 1]:
                 del self._sent[old]
+            self.coefs = ex.coefs
+            if self.tag in ex.joined:
+                self.member = True
+            if self.tag in ex.left or not self.member:
+                self.reset()
+                continue
             if sent is None or self.tag in ex.absent:
                 sent = np.zeros(self.d)
             if self.x is None:
                 self.x = ex.y_h.copy()
             member_receive(self.x, self.u, ex.y_h, ex.dt, sent, ex.coefs)
-            self.coefs = ex.coefs
 
     def reset(self) -> None:
         """The aggregator dropped its mirror of ``u_i`` (or this member lost track): start
@@ -88,3 +100,4 @@ class LocalMember:
         self.x = None
         self.u = np.zeros(self.d)
         self._sent = {}
+        self.member = False

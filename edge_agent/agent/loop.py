@@ -196,6 +196,7 @@ class Agent:
             version=self.version,
             group=self.config.group,
             batch_size=self.config.batch_size,
+            local_steps=self.config.local_steps,
             will_ctr=self.sealer.will_ctr,
         )
         # no separate "online" status: a hello marks the agent online at the aggregator, and

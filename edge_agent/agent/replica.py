@@ -62,8 +62,11 @@ class Exchange:
     y_h: FloatArray
     dt: FloatArray
     coefs: LocalCoefs
-    #: the tags of the members whose change did not enter (edge_agent.protocol.downlink)
+    #: the tags of the members whose change did not enter, of the agents that joined and
+    #: of the members that left (edge_agent.protocol.downlink)
     absent: frozenset[bytes]
+    joined: frozenset[bytes]
+    left: frozenset[bytes]
 
 
 class Replica:
@@ -152,7 +155,7 @@ def _local(x: FloatArray, v: FloatArray, op: Local, version: int) -> Exchange:
     y_h = x.copy()
     dt = op.update.to_dense()
     anchor_receive(x, v, dt, op.coefs)
-    return Exchange(version, y_h, dt, op.coefs, op.absent)
+    return Exchange(version, y_h, dt, op.coefs, op.absent, op.joined, op.left)
 
 
 def _apply(op: Op, x: FloatArray, acc: MeanAccumulator | None, agg: FloatArray | None) -> None:

@@ -286,50 +286,67 @@ class LocalTraining:
         return Exchange(sent, None)
 
 
+@dataclass(frozen=True)
+class Roster:
+    """Who one communication counted: the members whose change did not enter it
+    (``absent``: they count ``d_i = 0``), the agents it made members (``joined``: their
+    first change entered) and the members it dropped (``left``: absent too long)."""
+
+    absent: tuple[str, ...] = ()
+    joined: tuple[str, ...] = ()
+    left: tuple[str, ...] = ()
+
+
 class LocalHub:
     """The aggregator's side of local training for one job (the engine's ``local`` family).
 
-    It owns the anchor's control variate ``v``, the downlink memory ``e`` and a mirror of
-    every member's control variate ``u_i`` (the aggregator knows every ``dt`` and every
-    accepted ``d_i``, so it can follow each ``u_i`` exactly); the anchor ``y`` is the
-    engine's model ``x``, which :meth:`close` changes in place. The members are fixed when
-    the first communication closes (``n``); one that was reset (its state lost) has its
-    mirror dropped and ``v`` corrected so that ``sum_i u_i + n a v`` keeps its value.
+    It owns the anchor's control variate ``v``, the downlink memory ``e``, the members and a
+    mirror of every member's control variate ``u_i`` (the aggregator knows every ``dt`` and
+    every accepted ``d_i``, so it follows each ``u_i`` exactly); the anchor ``y`` is the
+    engine's model ``x``, which :meth:`close` changes in place, and ``gamma`` is fixed by
+    the first communication.
+
+    ``sum_i u_i + n a v + (1 + a) n c e`` is 0 from the start and every communication keeps
+    it (docs/algorithm.md); at a fixed point (``e = 0``, ``v = 0``) it makes ``sum_i u_i =
+    0``, i.e. the mean of the members' gradients zero. Members come and go without any
+    message of their own: an agent whose first change enters a communication joins with
+    ``u_i = 0``, a member that restarts (a fresh hello) or stays absent for ``max_absent``
+    communications leaves with its ``u_i``, and either way only ``e``, which the aggregator
+    alone holds, is adjusted so that the sum stays 0.
     """
 
-    def __init__(self, d: int, cfg: LocalConfig) -> None:
+    def __init__(self, d: int, cfg: LocalConfig, max_absent: int = 10) -> None:
         if d < 1:
             raise ValueError(f"LocalHub: d must be >= 1, got {d}")
         self.d = d
         self.cfg = cfg
+        self.max_absent = max_absent
         self.v: FloatArray = np.zeros(d)
         self.e: FloatArray = np.zeros(d)
+        #: the members' mirrored control variates, in the order they joined
         self.u: dict[str, FloatArray] = {}
-        #: the members (None until the first communication closes)
-        self.members: tuple[str, ...] | None = None
-        #: the open round's accepted changes, by member, in arrival order
+        #: consecutive communications each member was absent from
+        self.absences: dict[str, int] = {}
+        #: the local step, fixed by the first communication (None: none yet)
+        self.gamma: float | None = None
+        #: the open round's accepted changes, by agent, in arrival order
         self._sent: dict[str, Update] = {}
 
     @property
     def n(self) -> int:
-        return 0 if self.members is None else len(self.members)
+        return len(self.u)
 
     def accepted(self, agent: str, update: Update) -> None:
-        """A member's change ``d_i`` entered the open round."""
+        """An agent's change ``d_i`` entered the open round."""
         self._sent[agent] = update
 
     def round_dropped(self) -> None:
         self._sent = {}
 
-    def fix_members(self, members: Sequence[str]) -> tuple[str, ...]:
-        """The members (fixed by the first call: the agents of the first communication)."""
-        if self.members is None:
-            self.members = tuple(sorted(members))
-        return self.members
-
-    def absent(self) -> list[str]:
-        """The members whose change did not enter the open round (they count ``d_i = 0``)."""
-        return [m for m in self.members or () if m not in self._sent]
+    def coefs(self, gamma: float) -> LocalCoefs:
+        """The coefficients of the next communication: ``gamma`` the first time, then the
+        same (a step that changed with the fleet's hellos would break the sum above)."""
+        return LocalCoefs.of(self.cfg, self.gamma if self.gamma is not None else gamma)
 
     def close(
         self,
@@ -337,55 +354,90 @@ class LocalHub:
         total: FloatArray,
         down: Callable[[FloatArray], Update],
         coefs: LocalCoefs,
-    ) -> Update | None:
-        """One communication: the anchor's ``coefs.steps`` local steps, then
-        ``dbar = total / ((1 + a) n)`` (``total``: the sum of the round's changes),
-        ``dt = down(dbar + e)``, ``e <- dbar + e - dt``, every mirrored ``u_i`` and the
-        anchor. ``y`` changes in place; returns ``dt``'s update, or None when a new value
-        would not be finite (nothing changed). :meth:`fix_members` first."""
-        if not self.members:
-            raise ValueError("LocalHub.close before fix_members")
-        n = len(self.members)
+    ) -> tuple[Update, Roster] | None:
+        """One communication: members join and leave (see the class doc); the anchor's
+        ``coefs.steps`` local steps; ``dbar = total / ((1 + a) n)`` (``total``: the sum of
+        the round's changes), ``dt = down(dbar + e)``, ``e <- dbar + e - dt``; every
+        mirrored ``u_i`` and the anchor. ``y`` changes in place; returns ``dt``'s update and
+        who counted, or None when a new value would not be finite (nothing changed)."""
+        before = (self.e.copy(), dict(self.u), dict(self.absences))
+        joined, left = self._roster(coefs.c)
+        absent = tuple(m for m in self.u if m not in self._sent)
         y_new, v_new = y.copy(), self.v.copy()
         anchor_drift(y_new, v_new, coefs.gamma, coefs.steps)
-        want = total / ((1.0 + self.cfg.anchor) * n) + self.e
-        if not np.isfinite(want).all():
+        want = total / ((1.0 + self.cfg.anchor) * max(1, self.n)) + self.e
+        cast = down(want) if np.isfinite(want).all() else None
+        dt = None if cast is None else cast.to_dense()
+        if dt is not None:
+            anchor_receive(y_new, v_new, dt, coefs)
+        if dt is None or not (np.isfinite(y_new).all() and np.isfinite(v_new).all()):
+            self.e, self.u, self.absences = before
             return None
-        cast = down(want)
-        dt = cast.to_dense()
-        e_new = want - dt
-        anchor_receive(y_new, v_new, dt, coefs)
-        if not (np.isfinite(y_new).all() and np.isfinite(v_new).all()):
-            return None
+        assert cast is not None
+        self.e = want - dt
         zero = np.zeros(self.d)
-        for m in self.members:
-            u = self.u.get(m)
-            if u is None:
-                u = self.u[m] = np.zeros(self.d)
+        for m, u in self.u.items():
             upd = self._sent.get(m)
             variate_receive(u, dt, zero if upd is None else upd.to_dense(), coefs)
+            self.absences[m] = 0 if upd is not None else self.absences.get(m, 0) + 1
         y[...] = y_new
-        self.v, self.e, self._sent = v_new, e_new, {}
-        return cast
+        self.v, self._sent, self.gamma = v_new, {}, coefs.gamma
+        return cast, Roster(absent, joined, left)
 
-    def reset(self, agent: str) -> FloatArray | None:
-        """Drop ``agent``'s mirrored ``u_i`` (it restarts from ``u_i = 0``, ``x_i = y``) and
-        correct ``v`` by ``u_i / (n a)``; returns the values *subtracted* from ``v``
-        (``-u_i / (n a)``, for the replicas' SUB operation), None when there was nothing."""
-        u = self.u.pop(agent, None)
+    def _roster(self, c: float) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Members join (their first change entered) and leave (absent ``max_absent``
+        communications in a row, but never the last one): (joined, left)."""
+        joined = tuple(a for a in self._sent if a not in self.u)
+        for agent in joined:
+            self._join(agent, c)
+        left = tuple(
+            m for m, k in self.absences.items()
+            if m not in self._sent and k + 1 >= self.max_absent and self.n > 1
+        )  # fmt: skip
+        for agent in left:
+            self._leave(agent, c)
+        return joined, left
+
+    def _join(self, agent: str, c: float) -> None:
+        """``agent`` joins with ``u_i = 0``: ``e`` absorbs what the sum gains (``a v``)."""
+        a, n = self.cfg.anchor, self.n
+        self.e = (n * self.e - (a / ((1.0 + a) * c)) * self.v) / (n + 1)
+        self.u[agent] = np.zeros(self.d)
+        self.absences[agent] = 0
+
+    def _leave(self, agent: str, c: float) -> None:
+        """A member leaves with its ``u_i``: ``e`` absorbs it (the last member cannot)."""
+        a, n = self.cfg.anchor, self.n
+        u = self.u.pop(agent)
+        self.absences.pop(agent, None)
+        if n == 1:
+            self.e = np.zeros(self.d)  # no member left: the sum is empty
+            return
+        self.e = (a * self.v + (1.0 + a) * n * c * self.e + u) / ((1.0 + a) * (n - 1) * c)
+
+    def reset(self, agent: str) -> bool:
+        """``agent`` lost its state (a fresh hello): it stops being a member; True when it
+        was one. It joins again with its next change that enters."""
         self._sent.pop(agent, None)
-        if u is None or not u.any() or self.n == 0:
-            return None
-        sub = -u / (self.n * self.cfg.anchor)
-        self.v -= sub
-        return sub
+        if agent not in self.u:
+            return False
+        c = self.coefs(self.gamma or 1.0).c
+        self._leave(agent, c)
+        return True
+
+    def invariant(self, c: float) -> FloatArray:
+        """``sum_i u_i + n a v + (1 + a) n c e`` (0 up to rounding, see the class doc)."""
+        a, n = self.cfg.anchor, self.n
+        total = sum(self.u.values(), np.zeros(self.d))
+        return total + n * a * self.v + (1.0 + a) * n * c * self.e
 
     def export(self) -> dict[str, Any]:
-        """JSON-able meta (members) and the arrays ``v``, ``e`` and the stacked mirrors."""
+        """JSON-able meta (gamma, absences) and the arrays ``v``, ``e`` and the mirrors."""
         agents = tuple(self.u)
         u = np.stack([self.u[a] for a in agents]) if agents else np.zeros((0, self.d))
         return {
-            "members": None if self.members is None else list(self.members),
+            "gamma": self.gamma,
+            "absences": dict(self.absences),
             "u_agents": agents,
             "u": u,
             "v": self.v.copy(),
@@ -402,9 +454,11 @@ class LocalHub:
             raise ValueError("local-training state does not fit d or its members")
         if not (np.isfinite(u).all() and np.isfinite(v).all() and np.isfinite(e).all()):
             raise ValueError("local-training state contains nan or inf")
-        members = data.get("members")
-        self.members = None if members is None else tuple(str(m) for m in members)
+        gamma = data.get("gamma")
+        self.gamma = None if gamma is None else float(gamma)
+        absences = data.get("absences") or {}
         self.u = {a: u[i].copy() for i, a in enumerate(agents)}
+        self.absences = {a: int(absences.get(a, 0)) for a in agents}
         self.v, self.e, self._sent = v.copy(), e.copy(), {}
 
 
@@ -422,6 +476,7 @@ __all__ = [
     "LocalHub",
     "LocalMethod",
     "LocalTraining",
+    "Roster",
     "Schedule",
     "anchor_drift",
     "anchor_receive",

@@ -145,8 +145,11 @@ class Local:
 
     coefs: LocalCoefs
     update: Update
-    #: the :func:`member_tag` of every member whose change did not enter (usually none)
+    #: the :func:`member_tag` of every member whose change did not enter, of every agent
+    #: this communication made a member, and of every member it dropped (usually none)
     absent: frozenset[bytes] = frozenset()
+    joined: frozenset[bytes] = frozenset()
+    left: frozenset[bytes] = frozenset()
 
 
 #: bytes of a member's tag in a LOCAL operation
@@ -204,11 +207,23 @@ def move_op(update: Update, *, job: str) -> bytes:
     return bytes([OP_MOVE]) + wire.uvarint(len(entry)) + entry
 
 
-def local_op(update: Update, coefs: LocalCoefs, *, job: str, absent: Sequence[str] = ()) -> bytes:
+def local_op(
+    update: Update,
+    coefs: LocalCoefs,
+    *,
+    job: str,
+    absent: Sequence[str] = (),
+    joined: Sequence[str] = (),
+    left: Sequence[str] = (),
+) -> bytes:
     """A LOCAL operation: ``steps`` (uvarint), ``gamma``, ``rho``, ``c``, ``c_v`` (float64
-    each), the number of absent members (uvarint) and their tags (:func:`member_tag`,
-    sorted), then the broadcast ``dt`` as a relayed entry (its values' own dtype)."""
-    tags = sorted({member_tag(a) for a in absent})
+    each), three lists of tags (:func:`member_tag`; each a uvarint count, then the sorted
+    tags): the absent members, the agents that joined and the members that left; then the
+    broadcast ``dt`` as a relayed entry (its values' own dtype)."""
+    lists: list[bytes] = []
+    for names in (absent, joined, left):
+        tags = sorted({member_tag(a) for a in names})
+        lists += [wire.uvarint(len(tags)), *tags]
     blob = wire.encode(update, job=job, agent="r", round=0, seq=0)
     pos = wire.body_offset(blob)
     entry = blob[4:6] + wire.uvarint(update.t) + blob[pos:]
@@ -217,8 +232,7 @@ def local_op(update: Update, coefs: LocalCoefs, *, job: str, absent: Sequence[st
             bytes([OP_LOCAL]),
             wire.uvarint(coefs.steps),
             *(_F64.pack(v) for v in (coefs.gamma, coefs.rho, coefs.c, coefs.c_v)),
-            wire.uvarint(len(tags)),
-            *tags,
+            *lists,
             wire.uvarint(len(entry)),
             entry,
         ]
@@ -398,11 +412,16 @@ def _read_op(r: wire.Reader, buf: bytes, d: int, job_ident: bytes) -> Op:
         gamma, rho, c, c_v = (_finite(r, what) for what in ("gamma", "rho", "c", "c_v"))
         if not (gamma > 0 and 0 < rho <= 1 and steps >= 1):
             raise WireFormatError(f"local: steps {steps}, gamma {gamma}, rho {rho} out of range")
-        n = r.uvarint("absent members", len(buf))
-        absent = frozenset(r.take(TAG_BYTES, "member tag") for _ in range(n))
+        absent, joined, left = (_tags(r, what) for what in ("absent", "joined", "left"))
         coefs = LocalCoefs(steps, gamma, rho, c, c_v)
-        return Local(coefs, _read_entry(r, d, job_ident), absent)
+        return Local(coefs, _read_entry(r, d, job_ident), absent, joined, left)
     raise WireFormatError(f"unknown operation code {code}")
+
+
+def _tags(r: wire.Reader, what: str) -> frozenset[bytes]:
+    """One list of member tags of a LOCAL operation."""
+    n = r.uvarint(f"{what} members", len(r.buf) // TAG_BYTES)
+    return frozenset(r.take(TAG_BYTES, f"{what} member tag") for _ in range(n))
 
 
 def _finite(r: wire.Reader, what: str) -> float:

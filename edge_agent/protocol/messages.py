@@ -312,6 +312,8 @@ class Hello(_Msg):
     #: minibatch SGD: rows per gradient or a fraction of the shard (``--batch-size``);
     #: None: full local gradients
     batch_size: float | None = _spec(_optional(_bounded(_finite_float, gt=0)), None)
+    #: local training: the local steps between messages (``--local-steps``); None: none
+    local_steps: int | None = _spec(_optional(_bounded(_int, gt=0)), None)
     ctr: int | None = _spec(_COUNTER, None)
     will_ctr: int | None = _spec(_COUNTER, None)
 
@@ -370,8 +372,8 @@ class Control(_Msg):
 
 
 #: Refusal reasons that cannot heal by retrying: the agent's settings (feedback, d, model,
-#: compressor, batch size) do not fit the job's, or a local-training job's members are
-#: fixed without it. An agent stops after a few of them (``--max-refusals``).
+#: compressor, batch size) do not fit the job's. An agent stops after a few of them
+#: (``--max-refusals``).
 REFUSAL_FATAL: frozenset[str] = frozenset(
     {
         "wrong_semantics",
@@ -379,7 +381,7 @@ REFUSAL_FATAL: frozenset[str] = frozenset(
         "wrong_model",
         "wrong_compressor",
         "wrong_batch_size",
-        "local_members_fixed",
+        "wrong_local_steps",
     }
 )
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from aggregator.sim.cli import main
@@ -20,6 +23,18 @@ def test_local_steps_run_reports_rounds_gradients_and_bytes(
     assert "label" in fields and "not" not in fields
     rounds, grads = int(fields[fields.index("label") + 2]), int(fields[fields.index("label") + 3])
     assert grads == 3 * rounds
+
+
+def test_local_steps_write_the_json_records(tmp_path: Path) -> None:
+    out = tmp_path / "local.json"
+    argv = ["--rows", "400", "--features", "300", "--agents", "4", "--methods", "cat-signtopk",
+            "--local-steps", "3", "--targets", "1e-1", "--max-rounds", "400", "--no-progress",
+            "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    [rec] = json.loads(out.read_text())
+    assert rec["target"] == 0.1 and rec["rounds"] > 0
+    assert rec["total_bytes"] == rec["up_bytes"] + rec["down_bytes"] > 0
+    assert rec["grad_evals_per_agent"] == 3 * rec["rounds"]
 
 
 @pytest.mark.parametrize(

@@ -45,6 +45,7 @@ class Hello(_Msg):
     version: int | None = Field(default=None, ge=0)
     group: str | None = Field(default=None, min_length=1, max_length=64)
     batch_size: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    local_steps: int | None = Field(default=None, gt=0)
     ctr: int | None = Field(default=None, ge=0)  # new
     will_ctr: int | None = Field(default=None, ge=0)  # new
 

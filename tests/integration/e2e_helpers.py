@@ -603,3 +603,33 @@ def in_process_service(settings: Settings) -> Iterator[AggregatorService]:
         yield service
     finally:
         service.stop()
+
+
+def check_refused_alone(agg: AggregatorProcess, agent_id: str, reason: str) -> None:
+    """The job has not started and /status names ``agent_id`` refused for ``reason``."""
+    status = agg.status()
+    assert status["agents"] == 0 and status["round"] == 0, status
+    [refused] = status["refused_agents"]
+    assert (refused["agent"], refused["reason"]) == (agent_id, reason), refused
+
+
+def check_trained_fleet(
+    agg: AggregatorProcess, fleet: Fleet, status: dict[str, Any], *, max_rounds: int,
+    target: float, semantics: str,
+) -> None:  # fmt: skip
+    """A fleet of AGENT_IDS finished at ``target``: every version in the history, every
+    agent of ``semantics``, 10x fewer bytes than dense, every copy the aggregator's model,
+    every agent exited 0 with a finished summary."""
+    n = status["round"]
+    assert "target_loss" in status["finish_reason"], status["finish_reason"]
+    assert 0 < n < max_rounds and status["loss"] <= target
+    assert versions(agg.history()) == list(range(1, n + 1))
+    agents = {a["agent"]: a for a in agg.get("/agents")}
+    assert sorted(agents) == list(AGENT_IDS)
+    assert all(agents[a]["semantics"] == semantics for a in AGENT_IDS)
+    totals, dense = status["totals"], status["dense_equivalent"]
+    assert dense["bytes"] > 10 * totals["bytes"], (totals, dense)
+    assert_models_identical(agg, fleet)
+    for a in fleet.agents:
+        assert a.proc.returncode == 0, a.diagnose()
+        assert a.summary()["finished"] is True, a.summary()

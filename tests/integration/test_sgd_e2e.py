@@ -14,15 +14,14 @@ from pathlib import Path
 
 import pytest
 from e2e_helpers import (
-    AGENT_IDS,
     AggregatorProcess,
     Fleet,
     aggregator_settings,
-    assert_models_identical,
+    check_refused_alone,
+    check_trained_fleet,
     make_problem,
     running,
     server_url,
-    versions,
     wait_finished,
     wait_until,
 )
@@ -66,10 +65,7 @@ def test_a_minibatch_fleet_trains_and_a_full_gradient_agent_is_refused(
                    diagnose=gd.diagnose)  # fmt: skip
         assert gd.proc.returncode == 2, gd.diagnose()
         assert "--batch-size 0.1" in gd.err_path.read_text(), gd.diagnose()
-        status = agg.status()
-        assert status["agents"] == 0 and status["round"] == 0
-        [refused] = status["refused_agents"]
-        assert (refused["agent"], refused["reason"]) == ("agent-gd", "wrong_batch_size")
+        check_refused_alone(agg, "agent-gd", "wrong_batch_size")
         fleet.agents.remove(gd)  # it is done; the checks below are of the fleet that trains
 
         for i, shard in enumerate(problem.shards):
@@ -80,18 +76,5 @@ def test_a_minibatch_fleet_trains_and_a_full_gradient_agent_is_refused(
         status = wait_finished(agg, fleet, timeout_s=120)
         fleet.wait(timeout_s=15)
 
-        n = status["round"]
-        assert "target_loss" in status["finish_reason"], status["finish_reason"]
-        assert 0 < n < MAX_ROUNDS and status["loss"] <= target
-        assert status["agents"] == 3
-        rows = agg.history()
-        assert versions(rows) == list(range(1, n + 1))
-        agents = {a["agent"]: a for a in agg.get("/agents")}
-        assert sorted(agents) == list(AGENT_IDS)
-        assert all(agents[a]["semantics"] == "ef" for a in AGENT_IDS)
-        totals, dense = status["totals"], status["dense_equivalent"]
-        assert dense["bytes"] > 10 * totals["bytes"], (totals, dense)
-        assert_models_identical(agg, fleet)
-        for a in fleet.agents:
-            assert a.proc.returncode == 0, a.diagnose()
-            assert a.summary()["finished"] is True, a.summary()
+        check_trained_fleet(agg, fleet, status, max_rounds=MAX_ROUNDS, target=target,
+                            semantics="ef")  # fmt: skip
