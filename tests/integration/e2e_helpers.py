@@ -35,6 +35,7 @@ from aggregator.sim.optimum import solve_optimum
 from edge_agent.agent.loop import Agent, AgentConfig, FeedbackName
 from edge_agent.data import load_dataset, make_rcv1_like, split_shards, write_libsvm
 from edge_agent.links.profiles import CostProfile, parse_profile, profile_to_json, resolve_profile
+from edge_agent.numerics.local import LocalConfig
 from edge_agent.numerics.models import make_model
 from edge_agent.transports import Message, Transport, open_transport
 
@@ -267,9 +268,17 @@ class Fleet:
         return agent
 
     def start_all(
-        self, problem: Problem, *, server: str, job: str, feedback: FeedbackName, resend_s: float
+        self,
+        problem: Problem,
+        *,
+        server: str,
+        job: str,
+        feedback: FeedbackName,
+        resend_s: float,
+        extra: Sequence[str] = (),
     ) -> None:
-        """One agent per shard of ``problem``, agent ``i`` on shard ``i``."""
+        """One agent per shard of ``problem``, agent ``i`` on shard ``i`` (``extra``: more
+        ``edge-agent run`` flags for every one)."""
         for i, shard in enumerate(problem.shards):
             self.start_agent(
                 server=server,
@@ -279,6 +288,7 @@ class Fleet:
                 features=problem.features,
                 feedback=feedback,
                 resend_s=resend_s,
+                extra=extra,
             )
 
     def check_running(self) -> None:
@@ -389,7 +399,12 @@ def assert_models_identical(agg: AggregatorProcess, fleet: Fleet) -> np.ndarray[
 
 
 def reference_run(
-    problem: Problem, *, job: str, feedback: FeedbackName, rounds: int
+    problem: Problem,
+    *,
+    job: str,
+    feedback: FeedbackName,
+    rounds: int,
+    local_steps: int | None = None,
 ) -> tuple[list[float], np.ndarray[Any, Any]]:
     """The same job without processes or failures: the same shards, seeds, profiles and
     :class:`RoundEngine`, the real :class:`Agent` code over ``memory://`` (the simulator's
@@ -397,12 +412,20 @@ def reference_run(
     1..rounds, the final model).
 
     ``job`` must be the real job's id: it is in every update's header, so it changes the
-    message sizes CAT prices, and with them the T it picks."""
+    message sizes CAT prices, and with them the T it picks. ``local_steps``: the job runs
+    local training (sign-top-T agents, as ``edge-agent run --local-steps H --compressor
+    signtopk``)."""
+    local = None if local_steps is None else LocalConfig(local_steps=local_steps)
     full = load_dataset(problem.full, n_features=problem.features)
     eval_model = make_model("logreg", n_features=problem.features, l2=L2)
     engine = RoundEngine(
         EngineConfig(
-            job=job, d=problem.features, min_agents=len(problem.shards), max_rounds=rounds
+            job=job,
+            d=problem.features,
+            min_agents=len(problem.shards),
+            max_rounds=rounds,
+            feedback="local" if local else "any",
+            local=local,
         ),
         evaluator=lambda x: (eval_model.loss(x, full), eval_model.accuracy(x, full)),
         profiles=resolve_profile,
@@ -425,6 +448,8 @@ def reference_run(
                     seed=i,
                     duty_cycle="ignore",
                     resend_s=None,
+                    local_steps=local_steps,
+                    compressor="signtopk" if local_steps else "topk",
                 ),
                 model=make_model("logreg", n_features=data.n_features, l2=L2),
                 data=data,

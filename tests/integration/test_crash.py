@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pytest
@@ -65,11 +66,12 @@ KILL_AT = 30  # SIGKILL once /status shows this version
         ("mqtt", "none", "auto"),
         ("zmq", "none", "exact"),
         ("zmq", "ef21", "exact"),
+        ("zmq", "local", "auto"),
     ],
 )
 def test_aggregator_recovers_from_sigkill_and_the_agents_carry_on(
     transport: str,
-    feedback: FeedbackName,
+    feedback: FeedbackName | Literal["local"],
     downlink: str,
     request: pytest.FixtureRequest,
     tmp_path: Path,
@@ -77,7 +79,12 @@ def test_aggregator_recovers_from_sigkill_and_the_agents_carry_on(
     """The default downlink (auto) and the exact relay. With the exact relay the agents'
     copies are the model at every version, so the run must equal one without a crash bit
     for bit; under auto the agents compute at their copies and the restart resyncs them, so
-    the trajectory may differ: every version once, every update once, the final copies."""
+    the trajectory may differ: every version once, every update once, the final copies.
+    Local training (``AGG_LOCAL_STEPS=5``): every copy of the anchor is exact at every
+    version, so it must equal the run without a crash bit for bit too."""
+    local = feedback == "local"
+    agent_feedback: FeedbackName = "none" if feedback == "local" else feedback
+    job_settings = {"local_steps": 5} if local else {"feedback": feedback}
     started = time.monotonic()
     problem = make_problem(tmp_path / "data")
     url = server_url(transport, request)
@@ -90,14 +97,16 @@ def test_aggregator_recovers_from_sigkill_and_the_agents_carry_on(
             data_dir=tmp_path / "agg",
             max_rounds=ROUNDS,
             checkpoint_every=5,
-            feedback=feedback,  # AGG_FEEDBACK: the job runs its agents' family
             downlink=downlink,
+            **job_settings,  # AGG_FEEDBACK (the job runs its agents' family) or local steps
         ),
     )
     fleet = Fleet(tmp_path)
     with running(agg, fleet):
         agg.start()
-        fleet.start_all(problem, server=url, job="crash", feedback=feedback, resend_s=2)
+        extra = ["--local-steps", "5", "--compressor", "signtopk"] if local else []
+        fleet.start_all(problem, server=url, job="crash", feedback=agent_feedback, resend_s=2,
+                        extra=extra)  # fmt: skip
         wait_until(
             lambda: agg.status()["round"] >= KILL_AT,
             30,
@@ -138,10 +147,9 @@ def test_aggregator_recovers_from_sigkill_and_the_agents_carry_on(
 
         # --- every agent holds the final model, bit for bit, and finished cleanly
         x = assert_models_identical(agg, fleet)
-        if downlink == "exact":  # --- the same trajectory as a run without a crash
-            ref_losses, ref_x = reference_run(
-                problem, job="crash", feedback=feedback, rounds=ROUNDS
-            )
+        if downlink == "exact" or local:  # --- the same trajectory as without a crash
+            ref_losses, ref_x = reference_run(problem, job="crash", feedback=agent_feedback,
+                                              rounds=ROUNDS, local_steps=5 if local else None)  # fmt: skip
             np.testing.assert_allclose([r["loss"] for r in rows], ref_losses, rtol=1e-9, atol=0)
             np.testing.assert_allclose(x, ref_x, rtol=1e-9, atol=1e-12)
         for a in fleet.agents:
