@@ -400,10 +400,13 @@ class Settings(BaseSettings):
 
     @property
     def effective_snapshot_every(self) -> int:
-        """AGG_SNAPSHOT_EVERY as set, else 0 for a minibatch job and the engine's default."""
+        """AGG_SNAPSHOT_EVERY as set, else 0 for a minibatch or local-training job (hundreds
+        of versions, or copies that are always exact) and the engine's default."""
         if self.snapshot_every is not None:
             return self.snapshot_every
-        return 0 if self.batch_size is not None else EngineConfig.snapshot_every
+        if self.batch_size is not None or self.local_steps is not None:
+            return 0
+        return EngineConfig.snapshot_every
 
     @property
     def transport_client_id(self) -> str:

@@ -402,7 +402,7 @@ def _run(args: argparse.Namespace) -> int:
         flush=True,
     )
     cfg = local_config(args)
-    if cfg is not None:  # local training: its own in-process aggregator (aggregator.sim.local)
+    if cfg is not None and not args.local_engine:  # in-process aggregator (aggregator.sim.local)
         try:
             cases = [(fleet, case.methods, case.max_rounds) for fleet, case in fleets]
             done = run_local_cases(
@@ -445,6 +445,7 @@ def _run(args: argparse.Namespace) -> int:
                     cadence=args.cadence,
                     deadline_s=args.round_deadline,
                     snapshot_every=args.snapshot_every,
+                    local=cfg,
                 )
                 bar.end(res)
                 results.append(res)

@@ -82,6 +82,7 @@ from aggregator.sim.problem import Fleet, Problem, agent_seed
 from aggregator.sim.timing import receives_while_silent, reception_ends, uplink_arrivals
 from edge_agent.agent.loop import Agent, AgentConfig, RoundLog
 from edge_agent.links.cost import COST_FIELDS, Cost
+from edge_agent.numerics.local import LocalConfig
 from edge_agent.protocol.signing import KEY_BYTES, CountingSigner, Signer
 from edge_agent.transports import Message
 
@@ -141,6 +142,7 @@ def open_fleet(
     cadence: bool = False,
     deadline_s: float = 1e18,
     snapshot_every: int | None = None,
+    local: LocalConfig | None = None,
 ) -> FleetHarness:
     """The engine (full quorum, no deadline or liveness timeout) and one agent per shard,
     not started. Close the harness when done. ``aggregation``: ``AGG_AGGREGATION``;
@@ -152,7 +154,8 @@ def open_fleet(
     ``cadence``: ``EngineConfig.cadence`` (aggregator.engine.cadence), with the rounds'
     ``deadline_s`` (the full quorum still waits for every member it does not excuse);
     ``snapshot_every``: ``EngineConfig.snapshot_every`` (None: 0 with cadence or
-    ``batch_size``, else the engine's default)."""
+    ``batch_size``, else the engine's default); ``local``: local training (the job's
+    ``AGG_LOCAL_STEPS`` and damping; every agent runs ``--local-steps``)."""
     model = problem.model
     lookup = {p.name: p for p in fleet.profiles}
     engine = RoundEngine(
@@ -171,14 +174,18 @@ def open_fleet(
             liveness_timeout_s=1e18,
             # every agent runs the method's feedback, so the first hello's family is the
             # method's; "any" (not announced) keeps runs byte-comparable with earlier ones
-            feedback="any",
+            feedback="any" if local is None else "local",
+            local=local,
             batch_size=batch_size,
             schedule_l2=model.l2 if batch_size is not None and model.l2 > 0 else None,
             schedule_t0=schedule_t0,
             cadence=cadence,
-            # no periodic snapshot (8 d bytes to each) at cadence (hours on air) or with SGD
-            # (hundreds of versions: they outweigh the rest); nobody joins late here
-            snapshot_every=_snapshot_every(snapshot_every, cadence or batch_size is not None),
+            # no periodic snapshot (8 d bytes to each) at cadence (hours on air), with SGD
+            # (hundreds of versions: they outweigh the rest) or under local training (every
+            # copy is exact); nobody joins late here
+            snapshot_every=_snapshot_every(
+                snapshot_every, cadence or batch_size is not None or local is not None
+            ),
         ),
         x0=model.initial_point(),
         profiles=lookup.get,
@@ -206,6 +213,7 @@ def open_fleet(
                 batch_size=batch_size,
                 schedule_t0=schedule_t0 if method.ef_model_units else None,  # +ef:model
                 aggregator_keys=keys,
+                local_steps=None if local is None else local.local_steps,
             )
             harness.add_agent(
                 config,
@@ -468,6 +476,7 @@ def run_method(
     cadence: bool = False,
     deadline_s: float = CADENCE_DEADLINE_S,
     snapshot_every: int | None = None,
+    local: LocalConfig | None = None,
 ) -> RunResult:
     """Train ``method`` on ``fleet`` until the smallest target or ``max_rounds``.
 
@@ -496,6 +505,7 @@ def run_method(
         cadence=at_cadence,
         deadline_s=deadline_s if at_cadence else 1e18,
         snapshot_every=snapshot_every,
+        local=local,
     ) as harness:
         harness.start()
         harness.pump(strict=True)

@@ -115,6 +115,13 @@ def add_local_arguments(p: argparse.ArgumentParser) -> None:
         choices=LOCAL_METHODS,
         help="locodl (any compressor) or scaffnew (dense only)",
     )
+    g.add_argument(
+        "--local-engine",
+        action="store_true",
+        help="run local training through the real round engine and agents, as the service "
+        "does (AGG_LOCAL_STEPS, edge-agent run --local-steps): every H steps, a = 1, LoCoDL, "
+        "sparse compressors; the engine path's table and JSON",
+    )
 
 
 def local_config(args: argparse.Namespace) -> LocalConfig | None:
@@ -132,6 +139,13 @@ def local_config(args: argparse.Namespace) -> LocalConfig | None:
             "--local-steps: --downlink must be cat (compressed broadcast with error memory)"
         )
     method: LocalMethod = args.local_method
+    if getattr(args, "local_engine", False) and (
+        args.comm_prob is not None or args.local_anchor != 1.0 or method != "locodl"
+    ):
+        raise ValueError(
+            "--local-engine: the engine communicates every H steps with LoCoDL's a = 1 "
+            "(no --comm-prob, --local-anchor or --local-method scaffnew)"
+        )
     return LocalConfig(
         local_steps=1 if args.local_steps is None else args.local_steps,
         comm_prob=args.comm_prob,

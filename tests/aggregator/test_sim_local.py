@@ -56,3 +56,27 @@ def test_refusals(extra: list[str], needle: str, capsys: pytest.CaptureFixture[s
 def test_preset_refuses_local_steps(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--preset", "paper", "--local-steps", "5"]) == 2
     assert "--preset" in capsys.readouterr().err
+
+
+def test_local_engine_runs_the_real_engine_with_exact_copies(tmp_path: Path) -> None:
+    """``--local-engine``: the service's path (RoundEngine and real agents over memory://);
+    its record says every copy equals the model, and it reaches the target like the
+    in-process aggregator, one empty first round and the LOCAL operations' bytes apart."""
+    out = tmp_path / "engine.json"
+    common = ["--rows", "400", "--features", "300", "--agents", "4", "--methods",
+              "cat-signtopk", "--local-steps", "3", "--targets", "1e-1", "--max-rounds", "400",
+              "--no-progress"]  # fmt: skip
+    assert main([*common, "--local-engine", "--json", str(out)]) == 0
+    [eng] = [r for r in json.loads(out.read_text()) if r["target"] == 0.1]
+    assert eng["models_equal"] is True and eng["rounds"] is not None
+    ref = tmp_path / "inproc.json"
+    assert main([*common, "--json", str(ref)]) == 0
+    [inproc] = json.loads(ref.read_text())
+    assert abs(eng["rounds"] - 1 - inproc["rounds"]) <= 2
+
+
+def test_local_engine_refuses_the_coin(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--rows", "200", "--features", "100", "--agents", "2", "--methods", "cat-signtopk",
+            "--local-steps", "3", "--comm-prob", "0.3", "--local-engine"]  # fmt: skip
+    assert main(argv) == 2
+    assert "--local-engine" in capsys.readouterr().err
