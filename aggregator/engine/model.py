@@ -8,7 +8,6 @@ its members' mirrored control variates in ``h`` and the anchor's ``v`` in ``sum_
 
 from __future__ import annotations
 
-import base64
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -72,8 +71,9 @@ class JobModel:
             if config.local is None
             else LocalHub(d, config.local, max_absent=config.participation_window)
         )
-        #: local training: the LOCAL operation of the version being closed
-        self._local_ops: list[bytes] = []
+        #: local training: the LOCAL operation of the version being closed (set by
+        #: :meth:`step`, sent by :meth:`stepped` in the same close; never checkpointed)
+        self._local_op: bytes | None = None
 
     # ------------------------------------------------------------------ reading
 
@@ -240,7 +240,7 @@ class JobModel:
         self, round: OpenRound, gamma: float, prices: list[DownPrice]
     ) -> tuple[StepResult, float]:
         """Local training: one communication of the hub on ``x`` (the anchor); the LOCAL
-        operation that replays it waits in ``_local_ops`` for :meth:`stepped`."""
+        operation that replays it waits in ``_local_op`` for :meth:`stepped`."""
         hub, cfg = self._local, self.config
         assert hub is not None and cfg.local is not None
         coefs = hub.coefs(gamma)
@@ -250,9 +250,8 @@ class JobModel:
         if done is None:
             return StepResult(np.zeros(0, dtype=np.int64), False), coefs.gamma
         cast, who = done
-        op = dl.local_op(cast, coefs, job=cfg.job, absent=who.absent, joined=who.joined,
-                         left=who.left)  # fmt: skip
-        self._local_ops = [op]
+        self._local_op = dl.local_op(cast, coefs, job=cfg.job, absent=who.absent,
+                                     joined=who.joined, left=who.left)  # fmt: skip
         return StepResult(np.flatnonzero(self.x != old), True), coefs.gamma
 
     def stepped(
@@ -272,8 +271,9 @@ class JobModel:
         cfg = self.config
         self._guard.stepped(self.x, step.changed)
         if self._local is not None:
-            ops, self._local_ops = tuple(self._local_ops), []
-            out = [self._down.local(base, version, ops)]
+            op, self._local_op = self._local_op, None
+            assert op is not None  # step() made it in this close
+            out = [self._down.local(base, version, op)]
             if cfg.snapshot_every and version % cfg.snapshot_every == 0:
                 out.append(self.snapshot(version))
             return out
@@ -312,7 +312,6 @@ class JobModel:
                 "gamma": state["gamma"],
                 "absences": state["absences"],
                 "e": b64_array(state["e"]),
-                "ops": [base64.b64encode(op).decode("ascii") for op in self._local_ops],
             }
         return {
             "arrays": {
@@ -358,4 +357,3 @@ class JobModel:
             raise ValueError("local-training state: e does not fit d")
         self._local.restore({"gamma": saved.get("gamma"), "absences": saved.get("absences"),
                              "u_agents": snap.h_agents, "u": snap.h, "v": v, "e": e})  # fmt: skip
-        self._local_ops = [base64.b64decode(text) for text in saved.get("ops", [])]

@@ -65,8 +65,8 @@ class LocalMember:
         steps, gamma = self.coefs.steps, self.coefs.gamma
         local_steps(self.x, self.u, grad, gamma, steps)
         self.gradients += steps
-        y_h, v_h = y.copy(), v.copy()
-        anchor_drift(y_h, v_h, gamma, steps)
+        y_h = y.copy()
+        anchor_drift(y_h, v, gamma, steps)  # reads v, changes only y_h
         return self.x - y_h
 
     def sent(self, round: int, change: FloatArray) -> None:

@@ -1,6 +1,6 @@
 """Local training end to end: a real aggregator (uvicorn) with ``AGG_LOCAL_STEPS=5`` and
-three real ``edge-agent run --local-steps 5 --compressor signtopk`` processes train to a
-loss target at d = 47,236, over the real Mosquitto broker and over ZeroMQ; every agent's
+three real ``edge-agent run --local-steps 5 --compressor signtopk`` processes (their
+default duty cycle; Wi-Fi, BLE 5 and NB-IoT profiles) train to a loss target at d = 47,236, over the real Mosquitto broker and over ZeroMQ; every agent's
 anchor equals the aggregator's bit for bit at the end. A fourth agent with another H gives
 up (exit 2) naming the job's, refused ``wrong_local_steps``.
 """
@@ -28,6 +28,10 @@ pytestmark = pytest.mark.integration
 REL_SUBOPT = 5e-2
 MAX_ROUNDS = 400
 LOCAL = ["--local-steps", "5", "--compressor", "signtopk"]
+#: agent-0 on Wi-Fi instead of LoRaWAN SF7: the agents keep their default duty cycle
+#: (``--duty-cycle wait``) and the run stays in real time (a LoRaWAN member's silence at
+#: 1 % is tens of minutes a round; tests/integration/test_duty_cycle.py scales it)
+WIFI = "wifi_rpi4_mqtt_tls13"
 
 
 @pytest.mark.parametrize("transport", ["mqtt", "zmq"])
@@ -67,7 +71,8 @@ def test_a_local_training_fleet_trains_with_exact_anchors(
         for i, shard in enumerate(problem.shards):
             fleet.start_agent(server=url, job="loc", index=i, shard=shard,
                               features=problem.features, feedback="none", resend_s=5,
-                              extra=LOCAL)  # fmt: skip
+                              extra=LOCAL, duty_cycle="wait",
+                              profile=WIFI if i == 0 else None)  # fmt: skip
         status = wait_finished(agg, fleet, timeout_s=180)
         fleet.wait(timeout_s=15)
 

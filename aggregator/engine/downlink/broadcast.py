@@ -377,12 +377,11 @@ class Broadcast:
         u = compress(r, "signtopk", t, rng=self._rng)
         return wire.decode(wire.encode(u, job=self.job, agent="r", round=0, seq=0))[1]
 
-    def local(self, base: int, version: int, ops: tuple[bytes, ...]) -> Outbound:
-        """The broadcast of a local-training version (its SUB corrections and its LOCAL
-        operation): every copy of the anchor stays exact, so it is kept for catch-ups."""
-        steps = StepsParts(self.job, self.d, base, version, "local", ops)
+    def local(self, base: int, version: int, op: bytes) -> Outbound:
+        """The broadcast of a local-training version (its LOCAL operation): every copy of
+        the anchor stays exact, so it is kept for catch-ups."""
+        steps = StepsParts(self.job, self.d, base, version, "local", (op,))
         self._history.append(steps)
-        self._ops_complete = True
         return Outbound(topics.delta(self.job), steps=steps)
 
     # ------------------------------------------------------------- catching up
