@@ -51,7 +51,7 @@ from edge_agent.links.profiles import (
     list_profiles,
     load_profile,
 )
-from edge_agent.numerics.local import DEFAULT_CHI, DEFAULT_RHO, LocalConfig
+from edge_agent.numerics.local import DEFAULT_CHI, DEFAULT_RHO, LocalConfig, check_passes
 from edge_agent.protocol import topics
 from edge_agent.protocol.mac import MacKeyError, read_keys_dir
 from edge_agent.protocol.signing import CountingSigner, SigningKeyError, read_secret_key
@@ -177,6 +177,7 @@ class Settings(BaseSettings):
         gt=0,
         description="Minibatch SGD: the batch every agent must use (rows, or a fraction of its "
         "shard like 0.1), announced on cat/<job>/job; an agent with another gives up. "
+        "With AGG_LOCAL_STEPS: a fraction 1/k, H a multiple of k (whole passes a round). "
         "Unset: any, full gradients included.",
     )
     schedule_l2: float | None = Field(
@@ -363,6 +364,15 @@ class Settings(BaseSettings):
                 )
             if self.mode != "sync":
                 raise ValueError("AGG_LOCAL_STEPS: local training runs sync rounds (AGG_MODE)")
+            if self.batch_size is not None:
+                check_passes(
+                    self.local_steps, self.batch_size, names=("AGG_LOCAL_STEPS", "AGG_BATCH_SIZE")
+                )
+                if self.schedule_l2 is not None:
+                    raise ValueError(
+                        "AGG_SCHEDULE_L2: local training keeps its step fixed (a decaying "
+                        "step would change LoCoDL's coefficients each round); unset it"
+                    )
         elif self.feedback == "local":
             raise ValueError("AGG_FEEDBACK=local needs AGG_LOCAL_STEPS (the local steps H)")
         token: str | None = None
@@ -396,6 +406,7 @@ class Settings(BaseSettings):
             step_factor=self.local_step_factor,
             chi=self.local_chi,
             rho=self.local_rho,
+            batch_size=self.batch_size,
         )
 
     @property

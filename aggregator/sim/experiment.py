@@ -177,7 +177,10 @@ def open_fleet(
             feedback="any" if local is None else "local",
             local=local,
             batch_size=batch_size,
-            schedule_l2=model.l2 if batch_size is not None and model.l2 > 0 else None,
+            # local training keeps its step fixed (LocalHub): no schedule
+            schedule_l2=(
+                model.l2 if batch_size is not None and local is None and model.l2 > 0 else None
+            ),
             schedule_t0=schedule_t0,
             cadence=cadence,
             # no periodic snapshot (8 d bytes to each) at cadence (hours on air), with SGD

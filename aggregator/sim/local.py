@@ -24,9 +24,10 @@ plus the sender's silence or its share of the network's daily cap, and a ``--mul
 group's shared downlink for :func:`~aggregator.engine.downlink.broadcast.shared_limit`;
 off with ``--no-downlink-pacing``), then the slowest reception (airtime plus the sender's
 silence; a group member's is the group's busy time);
-computing takes no time. Gradient evaluations are counted per agent (one is a full pass
-over its shard) and priced on each agent's profile's compute part (``compute_energy_j``,
-0 where the profile has none).
+computing takes no time. Gradient evaluations are counted per agent, with the passes over
+its shard they make (a full gradient is one; ``--batch-size b``, a fraction 1/k, makes
+every local step one minibatch of a random reshuffling, b of a pass), and priced on each
+agent's profile's compute part (``compute_energy_j``, 0 where the profile has none).
 ``--preset paper`` never takes this path.
 """
 
@@ -44,7 +45,7 @@ import numpy.typing as npt
 
 from aggregator.engine.downlink.broadcast import downlink_interval_s, shared_limit
 from aggregator.sim.methods import Method
-from aggregator.sim.problem import Fleet, Problem, nonzeros
+from aggregator.sim.problem import Fleet, Problem, agent_seed, nonzeros
 from edge_agent.links.cost import MessageCost
 from edge_agent.links.profiles import CostProfile
 from edge_agent.numerics.compressors import Update, compress
@@ -58,8 +59,10 @@ from edge_agent.numerics.local import (
     LocalMethod,
     LocalTraining,
     Schedule,
+    check_passes,
     validate,
 )
+from edge_agent.numerics.sampling import PassSampler, batches_per_pass
 from edge_agent.numerics.selection import make_price, parse_policy, select
 from edge_agent.protocol.wire import encoded_size
 
@@ -70,7 +73,6 @@ JOB: Final = "sim"
 DIVERGED: Final = 1e6
 #: the engine-path flags this path cannot honour (flag -> the value that means "unused")
 _UNSUPPORTED: Final[tuple[tuple[str, str, object], ...]] = (
-    ("batch_size", "--batch-size", None),
     ("cadence", "--cadence", False),
     ("hostile", "--hostile", None),
     ("aggregation", "--aggregation", "mean"),
@@ -138,6 +140,8 @@ def local_config(args: argparse.Namespace) -> LocalConfig | None:
         raise ValueError(
             "--local-steps: --downlink must be cat (compressed broadcast with error memory)"
         )
+    if args.batch_size is not None and args.local_steps is not None:
+        check_passes(args.local_steps, args.batch_size, comm_prob=args.comm_prob)
     method: LocalMethod = args.local_method
     if getattr(args, "local_engine", False) and (
         args.comm_prob is not None or args.local_anchor != 1.0 or method != "locodl"
@@ -154,6 +158,7 @@ def local_config(args: argparse.Namespace) -> LocalConfig | None:
         rho=args.local_rho,
         method=method,
         anchor=args.local_anchor,
+        batch_size=args.batch_size,
     )
 
 
@@ -182,7 +187,8 @@ class LocalTrace:
     cumulative cost of the k rounds that produced it (sums over agents)."""
 
     subopt: list[float] = field(default_factory=list)
-    grad_evals: list[int] = field(default_factory=list)  # per agent
+    grad_evals: list[int] = field(default_factory=list)  # local steps, per agent
+    passes: list[float] = field(default_factory=list)  # rows evaluated / shard rows, per agent
     up_bytes: list[int] = field(default_factory=list)
     down_bytes: list[int] = field(default_factory=list)
     energy_j: list[float] = field(default_factory=list)  # radio, up + down
@@ -210,7 +216,9 @@ class LocalResult:
     def label(self) -> str:
         c = self.cfg
         sched = f"p={c.comm_prob:g}" if c.comm_prob is not None else f"H={c.local_steps}"
-        return f"{self.method.spec} {sched} gL={c.factor:.3g} chi={c.chi:g} rho={c.rho:g} a={c.anchor:g}"
+        batch = "" if c.batch_size is None else f" b={c.batch_size:g}"
+        return (f"{self.method.spec} {sched}{batch} gL={c.factor:.3g} chi={c.chi:g} "
+                f"rho={c.rho:g} a={c.anchor:g}")  # fmt: skip
 
 
 # --------------------------------------------------------------------------- pricing
@@ -317,14 +325,16 @@ class _Ledger:
                 out["@" + shared.group] = shared_limit(shared, size)[0]
         return out
 
-    def compute_energy_j(self, evals: int) -> float:
-        """What ``evals`` full gradients per agent cost the fleet (profiles' compute parts)."""
-        return sum(p.compute_energy_j(evals * e, evals * r, evals * z)
+    def compute_energy_j(self, evals: int, passes: float) -> float:
+        """What ``evals`` gradient evaluations per agent, over ``passes`` shards' worth of
+        rows, cost the fleet (profiles' compute parts)."""
+        return sum(p.compute_energy_j(evals * e, passes * r, passes * z)
                    for p, (e, r, z) in zip(self.fleet.profiles, self._per_eval, strict=True))  # fmt: skip
 
-    def record(self, tr: LocalTrace, grad_evals: int) -> None:
-        tr.compute_energy_j.append(self.compute_energy_j(grad_evals))
+    def record(self, tr: LocalTrace, grad_evals: int, passes: float) -> None:
+        tr.compute_energy_j.append(self.compute_energy_j(grad_evals, passes))
         tr.grad_evals.append(grad_evals)
+        tr.passes.append(passes)
         tr.up_bytes.append(self.up_bytes)
         tr.down_bytes.append(self.down_bytes)
         tr.energy_j.append(self.energy_j)
@@ -372,14 +382,18 @@ def run_local(
     reached: dict[float, int] = {}
     gap0 = problem.f0 - problem.f_star
 
+    batch = 1.0 if cfg.batch_size is None else cfg.batch_size
+    samplers = _samplers(problem, fleet, cfg)
+
     def grad(i: int, x: FloatArray) -> FloatArray:
-        return model.grad(x, fleet.shards[i])
+        shard = fleet.shards[i]
+        return model.grad(x, shard if samplers is None else shard.take(samplers[i].next()))
 
     k = 0
     while True:
         sub = (model.loss(state.model, problem.data) - problem.f_star) / gap0
         trace.subopt.append(sub)
-        ledger.record(trace, state.gradients // n)
+        ledger.record(trace, state.gradients // n, batch * (state.gradients // n))
         while pending and sub <= pending[0]:
             reached[pending.pop(0)] = k
         if progress is not None:
@@ -403,6 +417,18 @@ def run_local(
         k += 1
     return LocalResult(method, fleet, cfg, problem.split, trace, reached, reason, gamma,
                        time.perf_counter() - started)  # fmt: skip
+
+
+def _samplers(problem: Problem, fleet: Fleet, cfg: LocalConfig) -> list[PassSampler] | None:
+    """Every agent's minibatch sampler, seeded as the engine path's agent (its seed, stream
+    1); None for full local gradients."""
+    if cfg.batch_size is None:
+        return None
+    parts = batches_per_pass(cfg.batch_size)
+    return [
+        PassSampler(s.n_rows, parts, np.random.default_rng([agent_seed(problem.seed, i), 1]))
+        for i, s in enumerate(fleet.shards)
+    ]
 
 
 def _stop(pending: Sequence[float], sub: float, k: int, max_rounds: int) -> str | None:
@@ -457,6 +483,7 @@ def local_records(results: Sequence[LocalResult], targets: Sequence[float]) -> l
             if k is not None:
                 tr = r.trace
                 rec.update(grad_evals_per_agent=int(tr.grad_evals[k]),
+                           grad_passes=float(tr.passes[k]),
                            up_bytes=int(tr.up_bytes[k]), down_bytes=int(tr.down_bytes[k]),
                            total_bytes=int(tr.up_bytes[k] + tr.down_bytes[k]),
                            energy_j=float(tr.energy_j[k]),
@@ -467,11 +494,11 @@ def local_records(results: Sequence[LocalResult], targets: Sequence[float]) -> l
 
 
 def local_table(results: Sequence[LocalResult], targets: Sequence[float]) -> str:
-    """One line per (run, target): rounds, gradient evaluations per agent, bytes both ways
+    """One line per (run, target): rounds, passes over its shard per agent, bytes both ways
     (sums over agents, and per agent), energy (radio both ways, compute, and both) and
     time to reach it."""
     head = (
-        f"{'method':<46} {'split':<5} {'target':>6} {'rounds':>6} {'grads/agent':>11} "
+        f"{'method':<46} {'split':<5} {'target':>6} {'rounds':>6} {'passes/agent':>12} "
         f"{'up kB':>9} {'down kB':>9} {'total kB':>9} {'kB/agent':>9} {'energy J':>9} "
         f"{'compute J':>9} {'device J':>9} {'time s':>9}"
     )
@@ -492,7 +519,7 @@ def local_table(results: Sequence[LocalResult], targets: Sequence[float]) -> str
             tr = r.trace
             up, dn = tr.up_bytes[k] / 1e3, tr.down_bytes[k] / 1e3
             lines.append(
-                f"{r.label:<46} {r.split:<5} {eps:>6g} {k:>6} {tr.grad_evals[k]:>11} "
+                f"{r.label:<46} {r.split:<5} {eps:>6g} {k:>6} {tr.passes[k]:>12g} "
                 f"{up:>9.1f} {dn:>9.1f} {up + dn:>9.1f} {(up + dn) / r.fleet.agents:>9.2f} "
                 f"{tr.energy_j[k]:>9.3g} {tr.compute_energy_j[k]:>9.3g} "
                 f"{tr.energy_j[k] + tr.compute_energy_j[k]:>9.3g} {tr.time_s[k]:>9.3g}"

@@ -9,6 +9,7 @@ from typing import Literal
 
 from edge_agent.numerics.compressors import ValueDtype
 from edge_agent.numerics.curvature import DIRECTIONAL_COMPRESSORS
+from edge_agent.numerics.local import check_passes
 
 __all__ = ["AgentConfig", "CurvatureName", "FeedbackName"]
 
@@ -67,15 +68,14 @@ class AgentConfig:
 
     def __post_init__(self) -> None:
         if self.local_steps is not None and not (
-            self.local_steps >= 1
-            and self.feedback == "none"
-            and self.batch_size is None
-            and self.curvature == "global"
+            self.local_steps >= 1 and self.feedback == "none" and self.curvature == "global"
         ):
             raise ValueError(
-                "local_steps: H >= 1 with feedback 'none', full gradients and "
-                "curvature 'global' (local training corrects its own compression error)"
+                "local_steps: H >= 1 with feedback 'none' and curvature 'global' (local "
+                "training corrects its own compression error)"
             )
+        if self.local_steps is not None and self.batch_size is not None:
+            check_passes(self.local_steps, self.batch_size)
         if self.batch_size is not None and not self.batch_size > 0:
             raise ValueError(f"batch_size must be > 0 (rows or a fraction), got {self.batch_size}")
         if self.batch_size is not None and self.curvature == "directional":

@@ -12,29 +12,63 @@ sends an empty update. An agent is a *member* from the broadcast that lists it a
 (its first change entered) until one lists it as left (absent too long) or it resets; a
 change of an agent that is not a member is discarded on both sides, and the agent starts
 again from the anchor with ``u_i = 0``.
+
+With a minibatch (``--batch-size``, a fraction 1/k of the shard) every local step uses the
+next batch of a random reshuffling in whole passes (:class:`PassSampler`, seeded by the
+agent's seed, stream 1); the job's H is then a multiple of k (checked at start-up).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from edge_agent.agent.replica import Exchange
 from edge_agent.numerics.local import LocalCoefs, anchor_drift, local_steps, member_receive
+from edge_agent.numerics.sampling import PassSampler, batches_per_pass
 from edge_agent.protocol.downlink import member_tag
 
 FloatArray = npt.NDArray[np.float64]
+IndexArray = npt.NDArray[np.int64]
+#: the local gradient at x on the given rows of the shard (None: all of them)
+RowsGradient = Callable[[FloatArray, IndexArray | None], FloatArray]
 
-__all__ = ["LocalMember"]
+__all__ = ["LocalMember", "local_batches"]
+
+
+class _BatchSettings(Protocol):
+    @property
+    def batch_size(self) -> float | None: ...
+    @property
+    def seed(self) -> int: ...
+
+
+class _Shard(Protocol):
+    @property
+    def n_rows(self) -> int: ...
+
+
+def local_batches(config: _BatchSettings, data: _Shard) -> PassSampler | None:
+    """The sampler of a member's local steps (None: full local gradients)."""
+    if config.batch_size is None:
+        return None
+    parts = batches_per_pass(config.batch_size)
+    return PassSampler(data.n_rows, parts, np.random.default_rng([config.seed, 1]))
 
 
 class LocalMember:
     """One member's local-training state (see the module doc)."""
 
-    def __init__(self, agent_id: str, d: int) -> None:
+    def __init__(
+        self, agent_id: str, d: int, n_rows: int = 0, *, batches: PassSampler | None = None
+    ) -> None:
         self.d = d
+        self.n_rows = n_rows
+        #: the minibatch sampler of the local steps (None: full local gradients)
+        self.batches = batches
         self.tag = member_tag(agent_id)
         #: the local model (None: not started, or reset: it starts at the anchor)
         self.x: FloatArray | None = None
@@ -43,8 +77,9 @@ class LocalMember:
         self.coefs: LocalCoefs | None = None
         #: the change sent for each round not yet answered by a broadcast
         self._sent: dict[int, FloatArray] = {}
-        #: local gradient evaluations so far
+        #: local gradient evaluations so far, and the rows they read
         self.gradients = 0
+        self.rows = 0
         #: whether the aggregator counts this agent (a broadcast listed it as joined)
         self.member = False
 
@@ -53,9 +88,7 @@ class LocalMember:
         """Whether this member's state moved away from a fresh start."""
         return self.x is not None and (self.coefs is not None or bool(self._sent))
 
-    def change(
-        self, y: FloatArray, v: FloatArray, grad: Callable[[FloatArray], FloatArray]
-    ) -> FloatArray:
+    def change(self, y: FloatArray, v: FloatArray, grad: RowsGradient) -> FloatArray:
         """This round's change to send: ``x_i - y_h`` after the local steps (``y_h``: the
         anchor after the same steps); all zero before the first communication."""
         if self.x is None:
@@ -63,11 +96,21 @@ class LocalMember:
         if self.coefs is None:
             return np.zeros(self.d)
         steps, gamma = self.coefs.steps, self.coefs.gamma
-        local_steps(self.x, self.u, grad, gamma, steps)
+        local_steps(self.x, self.u, self._step_gradient(grad), gamma, steps)
         self.gradients += steps
         y_h = y.copy()
         anchor_drift(y_h, v, gamma, steps)  # reads v, changes only y_h
         return self.x - y_h
+
+    def _step_gradient(self, grad: RowsGradient) -> Callable[[FloatArray], FloatArray]:
+        """One local step's gradient: on the next minibatch, or on the whole shard."""
+
+        def at(x: FloatArray) -> FloatArray:
+            rows = None if self.batches is None else self.batches.next()
+            self.rows += self.n_rows if rows is None else rows.size
+            return grad(x, rows)
+
+        return at
 
     def sent(self, round: int, change: FloatArray) -> None:
         """The change for ``round`` went out as ``change`` (the decoded update's values)."""

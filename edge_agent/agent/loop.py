@@ -26,7 +26,7 @@ from edge_agent.agent.answers import Answers
 from edge_agent.agent.catchup import CatchUp, Want, want_for
 from edge_agent.agent.config import AgentConfig, CurvatureName, FeedbackName
 from edge_agent.agent.ledger import AgentCounters, CostLedger, RoundLog
-from edge_agent.agent.localtrain import LocalMember
+from edge_agent.agent.localtrain import LocalMember, local_batches
 from edge_agent.agent.minibatch import for_agent
 from edge_agent.agent.replica import Replica
 from edge_agent.agent.sealer import Outgoing, Sealer
@@ -103,14 +103,25 @@ class Agent:
         self.feedback: Feedback = FEEDBACK[config.feedback](model.d)
         fit_rng = np.random.default_rng(config.seed)
         self.smoothness = model.smoothness(data, rng=fit_rng) if smoothness is None else smoothness
-        #: minibatch SGD (sampler, variance, residual units), None for full gradients
-        self.minibatch = for_agent(config, data, self.policy, self.smoothness, model.l2)
+        #: minibatch SGD (sampler, variance, residual units), None for full gradients or
+        #: local training (whose steps draw from ``self.local.batches``)
+        self.minibatch = (
+            None
+            if config.local_steps is not None
+            else for_agent(config, data, self.policy, self.smoothness, model.l2)
+        )
         #: what the updates carry: the feedback's semantics, or ``dir`` (family *mean*)
         self.semantics: Semantics = (
             "dir" if config.curvature == "directional" else self.feedback.semantics
         )
         #: local training: this member's x_i, u_i and what it sent (None: no local training)
-        self.local = None if config.local_steps is None else LocalMember(config.agent_id, model.d)
+        self.local = (
+            None
+            if config.local_steps is None
+            else LocalMember(
+                config.agent_id, model.d, data.n_rows, batches=local_batches(config, data)
+            )
+        )
         if self.local is not None:
             self.semantics = "local"
         family = semantics_family(self.semantics)
@@ -574,9 +585,13 @@ class Agent:
         assert self.local is not None and self.x is not None
         v = self.replica.aggregate
         v = np.zeros(self.model.d) if v is None else v
-        before = self.local.gradients
-        change = self.local.change(self.x, v, lambda x: self.model.loss_grad(x, self.data)[1])
-        self.gradient_rows += (self.local.gradients - before) * self.data.n_rows
+        before = self.local.rows
+        change = self.local.change(
+            self.x,
+            v,
+            lambda x, rows: self.model.grad(x, self.data if rows is None else self.data.take(rows)),
+        )
+        self.gradient_rows += self.local.rows - before
         return change
 
     def _choose_directional(

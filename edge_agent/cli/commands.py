@@ -443,7 +443,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="H",
         help="local training (LoCoDL): H local gradient steps between messages, the change of "
         "the local model CAT-compressed up, a compressed anchor change down; the job must run "
-        "it with the same H (AGG_LOCAL_STEPS). Default feedback then: none",
+        "it with the same H (AGG_LOCAL_STEPS). Default feedback then: none. With "
+        "--batch-size 1/k (0.1, 0.05, ...) each local step takes a minibatch and H must be a "
+        "multiple of k (whole passes a round)",
     )
     run.add_argument(
         "--max-refusals",

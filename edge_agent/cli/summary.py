@@ -18,7 +18,8 @@ def run_summary(agent_id: str, agent: Agent) -> dict[str, Any]:
     ``up``/``down``/``total`` are :class:`edge_agent.links.cost.Cost` dicts (what the agent sent,
     received, and their sum, priced on its own profile); ``updates``, ``bytes_on_air``,
     ``bytes_on_air_down``, ``silence_s`` as in ``CostLedger.summary``; ``size_bytes`` is the
-    uplink's bytes, kept for older readers.
+    uplink's bytes, kept for older readers; ``gradient_rows`` the rows whose gradient it
+    evaluated and ``gradient_passes`` the same in passes over its shard.
     """
     return {
         "agent": agent_id,
@@ -28,6 +29,9 @@ def run_summary(agent_id: str, agent: Agent) -> dict[str, Any]:
         **agent.ledger.summary(),
         "size_bytes": agent.ledger.size_bytes,
         "dropped": agent.counters.dropped,
+        # rows whose gradient it evaluated, and as passes over its shard (minibatches read less)
+        "gradient_rows": agent.gradient_rows,
+        "gradient_passes": agent.gradient_rows / max(1, agent.data.n_rows),
         "timings_s": agent.timings_s,
         "peak_rss_mb": _peak_rss_mb(),
     }

@@ -76,4 +76,49 @@ class EpochSampler:
         return np.sort(take).astype(np.int64, copy=False)
 
 
-__all__ = ["EpochSampler", "batch_rows"]
+def batches_per_pass(batch_size: float) -> int:
+    """The number of batches a pass over a shard splits into under local training with a
+    minibatch fraction ``batch_size`` (``1 / batch_size``, which must be a whole number: 0.5,
+    0.25, 0.2, 0.1, 0.05, ...). The same on every agent whatever its shard size, so a job's
+    local steps can be set to whole passes. ValueError for anything else."""
+    if not 0.0 < batch_size < 1.0:
+        raise ValueError(
+            f"local training takes its minibatch as a fraction of the shard (0.5, 0.25, 0.1, "
+            f"...), got {batch_size:g}"
+        )
+    parts = round(1.0 / batch_size)
+    if abs(parts * batch_size - 1.0) > 1e-9:
+        raise ValueError(
+            f"local training: the batch fraction {batch_size:g} must split a pass into a whole "
+            f"number of batches (1/{batch_size:g} = {1.0 / batch_size:.4g}); use 1/k, e.g. 0.1"
+        )
+    return parts
+
+
+class PassSampler:
+    """Random reshuffling in whole passes: every pass draws a fresh permutation of the shard's
+    rows and splits it into ``parts`` batches whose sizes differ by at most one row
+    (``numpy.array_split``); :meth:`next` hands them out in order. Local training uses it so
+    that the local steps between two messages visit every row the same number of times."""
+
+    def __init__(self, n_rows: int, parts: int, rng: np.random.Generator) -> None:
+        if not 1 <= parts <= n_rows:
+            raise ValueError(
+                f"PassSampler: a pass of {n_rows} rows cannot split into {parts} batches"
+            )
+        self.n_rows = n_rows
+        self.parts = parts
+        self.rng = rng
+        self.passes = 0
+        self._batches: list[IndexArray] = []
+
+    def next(self) -> IndexArray:
+        """The next batch's row indices (sorted); a new pass starts when one is used up."""
+        if not self._batches:
+            order = self.rng.permutation(self.n_rows).astype(np.int64, copy=False)
+            self._batches = [np.sort(b) for b in np.array_split(order, self.parts)][::-1]
+            self.passes += 1
+        return self._batches.pop()
+
+
+__all__ = ["EpochSampler", "PassSampler", "batch_rows", "batches_per_pass"]

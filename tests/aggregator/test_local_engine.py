@@ -32,18 +32,20 @@ def _problem() -> tuple[Dataset, list[Dataset], Model]:
     return ds, shards, make_model("logreg", n_features=D, l2=1e-3)
 
 
-def _config(h: int = 5) -> EngineConfig:
+def _config(h: int = 5, batch: float | None = None) -> EngineConfig:
     return EngineConfig(job="lt", d=D, model="logreg", min_agents=N, feedback="local",
-                        local=LocalConfig(local_steps=h), max_rounds=500)  # fmt: skip
+                        local=LocalConfig(local_steps=h, batch_size=batch), max_rounds=500,
+                        batch_size=batch)  # fmt: skip
 
 
-def _fleet(eng: RoundEngine, h: int = 5) -> FleetHarness:
+def _fleet(eng: RoundEngine, h: int = 5, batch: float | None = None) -> FleetHarness:
     _, shards, model = _problem()
     fleet = FleetHarness(eng)
     prof = load_profile("paper_payload_bits")
     for i, shard in enumerate(shards):
         cfg = AgentConfig(job="lt", agent_id=f"a{i}", compressor="signtopk", resend_s=None,
-                          local_steps=h, duty_cycle="ignore")  # fmt: skip
+                          local_steps=h, duty_cycle="ignore", batch_size=batch,
+                          seed=i)  # fmt: skip
         fleet.add_agent(cfg, model=model, data=shard, profile=prof)
     fleet.start()
     fleet.pump(strict=True)
@@ -93,6 +95,25 @@ def test_local_training_converges_with_exact_copies_and_compressed_messages() ->
         assert t_down is not None and 0 < t_down < D  # and down
         # five local gradients per round and member after the first (empty) round
         assert all(a.local is not None and a.local.gradients == 5 * 39 for a in fleet.agents)
+
+
+def test_minibatch_local_steps_make_whole_passes_with_exact_copies() -> None:
+    """``--batch-size 0.25 --local-steps 8``: every round is two passes of 4 minibatches
+    over each shard (random reshuffling); the copies stay exact and the loss falls."""
+    ds, shards, model = _problem()
+    eng = RoundEngine(_config(h=8, batch=0.25))
+    assert eng.model.local_hub is not None
+    with _fleet(eng, h=8, batch=0.25) as fleet:
+        start = model.loss(eng.model.x, ds)
+        _rounds(fleet, 30)
+        _exact(fleet, eng)
+        assert model.loss(eng.model.x, ds) < start - 0.05
+        for agent, shard in zip(fleet.agents, shards, strict=True):
+            local = agent.local
+            assert local is not None and local.batches is not None
+            assert local.gradients == 8 * 29  # the first round carries no change
+            assert local.rows == 2 * 29 * shard.n_rows  # two whole passes a round
+            assert agent.gradient_rows == local.rows
 
 
 def test_a_checkpoint_continues_exactly_as_the_live_engine() -> None:

@@ -133,3 +133,33 @@ def test_a_minibatch_job_retains_no_periodic_snapshot_unless_told(
     monkeypatch.delenv("AGG_BATCH_SIZE")
     monkeypatch.setenv("AGG_SNAPSHOT_EVERY", "0")
     assert load_settings().engine_config().snapshot_every == 0
+
+
+def test_a_minibatch_local_job_carries_its_batch_into_local_training(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AGG_D", "10")
+    monkeypatch.setenv("AGG_LOCAL_STEPS", "20")
+    monkeypatch.setenv("AGG_BATCH_SIZE", "0.1")
+    cfg = load_settings().engine_config()
+    assert cfg.batch_size == 0.1 and cfg.local is not None and cfg.local.batch_size == 0.1
+    assert cfg.schedule_l2 is None
+
+
+@pytest.mark.parametrize(
+    ("env", "needle"),
+    [
+        ({"AGG_LOCAL_STEPS": "15", "AGG_BATCH_SIZE": "0.1"}, "multiple of 10"),
+        ({"AGG_LOCAL_STEPS": "20", "AGG_BATCH_SIZE": "64"}, "fraction"),
+        ({"AGG_LOCAL_STEPS": "20", "AGG_BATCH_SIZE": "0.1", "AGG_SCHEDULE_L2": "1e-3"},
+         "AGG_SCHEDULE_L2"),
+    ],
+)  # fmt: skip
+def test_a_minibatch_local_job_that_would_stall_is_refused(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], needle: str
+) -> None:
+    monkeypatch.setenv("AGG_D", "10")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(SettingsError, match=needle):
+        load_settings()

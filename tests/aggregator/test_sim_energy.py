@@ -95,6 +95,22 @@ def test_local_path_prices_every_local_gradient(problem: Problem) -> None:
     assert "compute J" in table and "not modelled (0) for: " + PLAIN in table
 
 
+def test_local_minibatch_steps_price_the_rows_they_read(problem: Problem) -> None:
+    """With ``batch_size`` 1/4, each local step evaluates a gradient on a quarter of the
+    shard: per step one evaluation, and rows and nonzeros for a quarter pass."""
+    fleet = _with_compute(build_fleet(problem, 3, [PLAIN]), {1})
+    cfg = LocalConfig(local_steps=4, batch_size=0.25)
+    result = run_local(problem, fleet, parse_method("cat-signtopk"), cfg, targets=(1e-1,),
+                       max_rounds=200)  # fmt: skip
+    k = result.reached[1e-1]
+    tr = result.trace
+    assert tr.grad_evals[k] == 4 * k and tr.passes[k] == k
+    s = fleet.shards[1]
+    assert tr.compute_energy_j[k] == pytest.approx(
+        PART.energy_j(4 * k, k * s.n_rows, k * nonzeros(s)), rel=1e-12
+    )
+
+
 def test_local_path_time_waits_for_downlink_pacing(problem: Problem) -> None:
     """A network that allows 10 downlinks a day: every broadcast after the first waits
     for the links, as the engine path's pacing does."""

@@ -42,7 +42,12 @@ def test_local_steps_write_the_json_records(tmp_path: Path) -> None:
     [
         (["--methods", "cat-signtopk+ef21"], "drop +ef"),
         (["--methods", "cat-signtopk", "--local-method", "scaffnew"], "scaffnew"),
-        (["--methods", "cat-signtopk", "--batch-size", "0.1"], "--batch-size"),
+        (["--methods", "cat-signtopk", "--batch-size", "0.1"], "multiple of 10"),
+        (["--methods", "cat-signtopk", "--batch-size", "16"], "fraction"),
+        (
+            ["--methods", "cat-signtopk", "--batch-size", "0.5", "--comm-prob", "0.5"],
+            "--comm-prob with",
+        ),
         (["--methods", "cat-signtopk", "--downlink", "exact"], "--downlink"),
     ],
 )
@@ -51,6 +56,28 @@ def test_refusals(extra: list[str], needle: str, capsys: pytest.CaptureFixture[s
             "--max-rounds", "5", "--no-progress", *extra]  # fmt: skip
     assert main(argv) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_minibatch_local_steps_count_whole_passes(tmp_path: Path) -> None:
+    """``--batch-size 0.25 --local-steps 8``: eight minibatch steps a round, two passes;
+    the real engine's path agrees with the in-process one (the same batches: the agents'
+    seeds, stream 1) to within a round or two, every copy exact."""
+    common = ["--rows", "400", "--features", "300", "--agents", "4", "--methods",
+              "cat-signtopk", "--local-steps", "8", "--batch-size", "0.25", "--targets", "1e-1",
+              "--max-rounds", "400", "--no-progress"]  # fmt: skip
+    ref = tmp_path / "inproc.json"
+    assert main([*common, "--json", str(ref)]) == 0
+    [rec] = json.loads(ref.read_text())
+    assert rec["rounds"] is not None and rec["rounds"] > 0
+    assert rec["grad_evals_per_agent"] == 8 * rec["rounds"]
+    assert rec["grad_passes"] == 2 * rec["rounds"]
+    assert "b=0.25" in rec["method"]
+    out = tmp_path / "engine.json"
+    assert main([*common, "--local-engine", "--json", str(out)]) == 0
+    [eng] = [r for r in json.loads(out.read_text()) if r["target"] == 0.1]
+    assert eng["models_equal"] is True and eng["rounds"] is not None
+    assert abs(eng["rounds"] - 1 - rec["rounds"]) <= 2
+    assert eng["grad_passes"] == 2 * (eng["rounds"] - 1)
 
 
 def test_preset_refuses_local_steps(capsys: pytest.CaptureFixture[str]) -> None:

@@ -68,8 +68,17 @@ def test_schedule_every_h_and_with_probability() -> None:
         (LocalConfig(chi=0.0), "signtopk", "--local-chi"),
         (LocalConfig(rho=1.5), "signtopk", "--local-rho"),
         (LocalConfig(anchor=0.0), "signtopk", "--local-anchor"),
+        (LocalConfig(local_steps=15, batch_size=0.1), "signtopk", "multiple of 10"),
+        (LocalConfig(local_steps=20, batch_size=64.0), "signtopk", "fraction"),
+        (LocalConfig(comm_prob=0.1, batch_size=0.1), "signtopk", "--comm-prob with"),
     ],
 )
 def test_refused_configurations_name_the_flag(cfg: LocalConfig, uplink: str, flag: str) -> None:
     with pytest.raises(ValueError, match=flag):
         validate(cfg, uplink=uplink, downlink="signtopk" if uplink != "dense" else "dense")
+
+
+def test_the_minibatch_step_is_the_full_gradient_one_times_the_root_of_the_fraction() -> None:
+    assert LocalConfig(local_steps=20).factor == pytest.approx(0.1)
+    assert LocalConfig(local_steps=20, batch_size=0.1).factor == pytest.approx(0.1 * 0.1**0.5)
+    assert LocalConfig(local_steps=20, batch_size=0.1, step_factor=0.05).factor == 0.05
