@@ -1,5 +1,5 @@
-"""When each member's radio may send again, and which members a sync round of an EF21 job
-does not wait for because of it: the fleet's version advances at the cadence of the
+"""When each member's radio may send again, and which members a sync round of an EF21 or
+local-training job does not wait for because of it: the fleet's version advances at the cadence of the
 members that are due.
 
 A duty-cycled radio (LoRaWAN EU868 at 1 % in each of its sub-bands, Sigfox) must stay
@@ -14,7 +14,7 @@ hellos and accepted updates), exactly as the agent advances its own ``_quiet_unt
 status, duplicates, requests) are left out, so the estimate may end early: the round then
 waits for the member a little sooner than needed, never later.
 
-**The rule** (``EngineConfig.cadence``, sync mode, EF21 jobs only): at model version ``v``,
+**The rule** (``EngineConfig.cadence``, sync mode, EF21 and local-training jobs): at model version ``v``,
 a member is *excused* when its uplink is not free before the round would close anyway, at
 its deadline or now if that is past (``up_free_at > max(now, opened_at +
 round_deadline_s)``), and its last accepted update
@@ -28,6 +28,12 @@ update is ``S`` or more versions old is awaited again like any member, silent or
 the theory needs, docs/algorithm.md "Members at their own cadence"). So that the bound is
 reachable, a member takes part for ``max(K, S + 1)`` versions after its last update (K:
 ``participation_window``) instead of ``K``.
+
+In a local-training job an excused member is *absent* from the communication (its change
+counts 0 on both sides, docs/wire-format.md 4.3.1: its control variate and the aggregator's
+mirror of it follow the broadcast) and does not leave the membership for it: its absences
+are bounded by ``S`` the same way, and the hub keeps members absent up to ``max(K, S + 1)``
+communications (docs/algorithm.md "Local training").
 
 Plain (mean-family) jobs keep waiting: there is no state to keep counting, and re-using a
 member's last update in every version would apply the same gradient many times, weighting
@@ -90,8 +96,8 @@ class Cadence:
     ) -> Participation:
         """Who the open ``round`` counts at ``now`` (None: the latest input's time): the
         registry's participation, less the excused members when the rule applies (an
-        EF21 job in sync mode with ``cadence`` on)."""
-        if not (self.enabled and family == "ef21"):
+        EF21 or local-training job in sync mode with ``cadence`` on)."""
+        if not (self.enabled and family in ("ef21", "local")):
             return registry.counted(version)
         opened = round.opened_at
         at = self._latest if now is None else now

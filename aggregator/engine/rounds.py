@@ -234,7 +234,10 @@ class RoundEngine(EngineView):
         out: list[Outbound] = []
         if hello.version is not None and hello.version != self.version:
             out.extend(self._answer(agent, hello.version, now, controls=False))
-        out.extend(self.traffic.to(agent, self.state_controls()))
+        # the job's settings are not repeated to an agent whose hello fits them (it would
+        # judge nothing from them; a misfit's refusal carries them): on LoRaWAN under a
+        # unicast cap their 150-odd JSON bytes cost an SF12 member half a day of downlinks
+        out.extend(self.traffic.to(agent, self.state_controls(settings=False)))
         if self.agents[agent].needs_reset:
             out.append(self._rejoin(agent, drop=False))  # still waiting for a fresh hello
         if self.state == "waiting":

@@ -229,8 +229,9 @@ class Settings(BaseSettings):
     )
     cadence: bool = Field(
         False,
-        description="Sync EF21 jobs: a round does not wait for a member whose duty cycle keeps "
-        "its radio silent (its state keeps counting), unless it lags cadence_max_lag versions. "
+        description="Sync EF21 and local-training jobs: a round does not wait for a member "
+        "whose duty cycle keeps its radio silent (its state keeps counting; a local member is "
+        "absent and stays a member), unless it lags cadence_max_lag versions. "
         "Off by default: on a mixed LoRaWAN fleet it cut the time to target 2.6x and cost 5x "
         "the bytes (docs/results.md).",
     )

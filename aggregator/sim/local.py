@@ -133,7 +133,10 @@ def local_config(args: argparse.Namespace) -> LocalConfig | None:
         return None
     if args.preset is not None:
         raise ValueError("--local-steps: not with --preset paper (the preset is unchanged)")
+    engine = bool(getattr(args, "local_engine", False))
     for attr, flag, unused in _UNSUPPORTED:
+        if attr == "cadence" and engine:
+            continue  # the real engine runs local jobs at cadence (aggregator.engine.cadence)
         if getattr(args, attr, unused) != unused:
             raise ValueError(f"--local-steps: {flag} is not supported with local training")
     if args.downlink not in (None, "cat"):

@@ -428,7 +428,7 @@ class Agent:
         """The job's settings arrived: give up when this agent's do not fit (one ERROR
         line, even after refusals ended it). With signed downlinks only the settings
         addressed to it count (a signed old retained one could be replayed; the live ones
-        answer every hello)."""
+        come with every refusal of its settings)."""
         if self.signatures.enforced and not addressed:
             return
         if verdict.give_up is not None and self.gave_up != verdict.give_up:

@@ -1,8 +1,9 @@
 """The job's settings as the aggregator announces them, and the agent's check against them.
 
 The aggregator publishes :class:`JobInfo` (JSON) retained on ``cat/<job>/job`` when it
-starts, and addresses it to an agent (``cat/<job>/to/<agent>``) in answer to every hello,
-accepted or refused (a ZeroMQ subscriber that joined late never sees the start-up one).
+starts, and addresses it to an agent (``cat/<job>/to/<agent>``) with every refusal of its
+settings (a ZeroMQ subscriber that joined late never sees the start-up one); a hello that
+fits the job is not answered with it: the aggregator checked the same fields.
 :func:`judge` says what an announcement means for an agent whose settings are :class:`Fit`
 (pure: it reads the message, and the agent acts on the :class:`Verdict`). One whose own
 settings do not fit (d, model, feedback family, compressor) logs one ERROR line naming

@@ -14,6 +14,7 @@ import pytest
 from aggregator.engine.rounds import EngineConfig, RoundEngine
 from edge_agent.links.profiles import CostProfile, resolve_profile
 from edge_agent.numerics.compressors import Semantics, compress
+from edge_agent.numerics.local import LocalConfig
 from edge_agent.protocol import messages, topics, wire
 
 JOB = "cad"
@@ -45,7 +46,7 @@ def hello(agent: str, semantics: Semantics = "ef21") -> tuple[str, bytes]:
 
 def update(agent: str, round: int, seq: int, semantics: Semantics = "ef21") -> tuple[str, bytes]:
     g = np.random.default_rng(seq * 7 + len(agent)).normal(size=D)
-    u = replace(compress(g, "topk", 4), semantics=semantics)
+    u = replace(compress(g, "signtopk" if semantics == "local" else "topk", 4), semantics=semantics)
     blob = wire.encode(u, job=JOB, agent=agent, round=round, seq=seq)
     return topics.update(JOB, agent), blob
 
@@ -131,3 +132,38 @@ def test_the_silence_survives_a_checkpoint() -> None:
     again = RoundEngine.restore(eng.config, eng.export(), profiles=_profiles)
     assert again.cadence.up_free_at("slow") == free
     assert again.counted(1.0).awaited == eng.counted(1.0).awaited == {"f1", "f2"}
+
+
+def test_a_local_training_round_does_not_wait_for_a_silent_member_who_stays_a_member() -> None:
+    """Local training at cadence: the fast members close the versions while the slow one
+    is silent; it is listed absent (its change counts 0), it does not leave the membership
+    however many versions that takes (up to the lag bound), and it is awaited again at it."""
+    eng = engine(feedback="local", local=LocalConfig(local_steps=2), cadence_max_lag=6,
+                 participation_window=2)  # fmt: skip
+    for a in AGENTS:
+        h = messages.Hello(job=JOB, agent=a, d=D, rows=10, smoothness=2.0, model="logreg",
+                           compressor="signtopk", profile=AGENTS[a], semantics="local",
+                           local_steps=2)  # fmt: skip
+        assert eng.handle(topics.hello(JOB, a), messages.dump(h), 0.0).reason is None
+    for a in ("f1", "f2"):  # version 0: the slow member is silent after its hello
+        eff = eng.handle(*update(a, 0, 0, "local"), 1.0)
+    assert eff.committed is not None and eff.committed.participants == ("f1", "f2")
+    t = eng.cadence.up_free_at("slow") + 1.0
+    for a in ("f1", "f2", "slow"):  # version 1: free again, awaited; it joins
+        eff = eng.handle(*update(a, 1, 1, "local"), t)
+    hub = eng.model.local_hub
+    assert eff.committed is not None and set(eff.committed.participants) == set(AGENTS)
+    assert eng.version == 2 and hub is not None and sorted(hub.u) == sorted(AGENTS)
+    assert eng.cadence.up_free_at("slow") > t + 100.0
+    for k in range(2, 7):  # lags 1..5 < 6: the slow member is excused, absent, kept
+        for a in ("f1", "f2"):
+            eff = eng.handle(*update(a, k, k, "local"), t + k)
+        assert eff.committed is not None and eff.committed.participants == ("f1", "f2"), k
+        assert "slow" in hub.u and hub.absences["slow"] == k - 1
+    # lag 6: awaited again, silent or not
+    for a in ("f1", "f2"):
+        assert eng.handle(*update(a, 7, 7, "local"), t + 7).committed is None
+    assert "slow" in eng.counted(t + 7).awaited
+    eff = eng.handle(*update("slow", 7, 2, "local"), eng.cadence.up_free_at("slow") + 0.1)
+    assert eff.committed is not None and set(eff.committed.participants) == set(AGENTS)
+    assert hub.absences.get("slow", 0) == 0

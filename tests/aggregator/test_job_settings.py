@@ -115,7 +115,7 @@ def test_wrong_d_and_model_name_the_setting_and_the_fix() -> None:
 # ---------------------------------------------------------------- the announcement
 
 
-def test_the_job_is_announced_retained_on_its_topic_and_in_answer_to_a_hello() -> None:
+def test_the_job_is_announced_retained_on_its_topic_and_to_a_misfit_only() -> None:
     eng = engine("ef21")
     (ann,) = [o for o in eng.state_controls() if o.topic == topics.job_info(JOB)]
     assert ann.retain
@@ -132,6 +132,13 @@ def test_the_job_is_announced_retained_on_its_topic_and_in_answer_to_a_hello() -
     eff = eng.handle(*hello("good", "ef21"), 1.0)
     answers = [
         jobinfo.parse(o.payload) for o in eff.outbound if o.topic == topics.to_agent(JOB, "good")
+    ]
+    # a hello that fits is not answered with the settings (checked already; a capped
+    # downlink would pay for them); a misfit's refusal carries them
+    assert not any(a is not None and a.job == JOB for a in answers)
+    eff = eng.handle(*hello("bad", "ef21", model="linreg"), 1.0)
+    answers = [
+        jobinfo.parse(o.payload) for o in eff.outbound if o.topic == topics.to_agent(JOB, "bad")
     ]
     assert any(a is not None and a.job == JOB for a in answers)
 

@@ -49,6 +49,7 @@ def test_local_steps_write_the_json_records(tmp_path: Path) -> None:
             "--comm-prob with",
         ),
         (["--methods", "cat-signtopk", "--downlink", "exact"], "--downlink"),
+        (["--methods", "cat-signtopk", "--cadence"], "--cadence"),
     ],
 )
 def test_refusals(extra: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -107,3 +108,19 @@ def test_local_engine_refuses_the_coin(capsys: pytest.CaptureFixture[str]) -> No
             "--local-steps", "3", "--comm-prob", "0.3", "--local-engine"]  # fmt: skip
     assert main(argv) == 2
     assert "--local-engine" in capsys.readouterr().err
+
+
+def test_local_engine_runs_at_cadence(tmp_path: Path) -> None:
+    """``--local-engine --cadence``: the real engine's cadence rule applies to local jobs
+    (aggregator.engine.cadence; tests/aggregator/test_cadence.py checks the excuses); the
+    run reaches the target within the law, every copy exact."""
+    out = tmp_path / "cadence.json"
+    argv = ["--rows", "400", "--features", "300", "--agents", "4", "--profiles",
+            "lorawan_eu868_dr0_sf12,ble5_2m_dle_notify", "--multicast",
+            "lorawan_eu868_dr0_sf12_mcast_c_dr3", "--methods", "cat-signtopk", "--local-steps",
+            "3", "--local-engine", "--cadence", "--round-deadline", "60", "--targets", "1e-1",
+            "--max-rounds", "400", "--no-progress", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    [rec] = json.loads(out.read_text())
+    assert rec["rounds"] is not None and rec["models_equal"] is True
+    assert rec["audit_worst_margin"] >= 0
