@@ -106,6 +106,8 @@ class RunBook:
         self.gap0 = problem.f0 - problem.f_star
         self.cum_bytes = self.cum_fixed = self.cum_t = 0
         self.up_wait_s = self.down_wait_s = 0.0
+        #: local training at cadence: changes refused stale (aggregator.sim.experiment)
+        self.stale_updates = 0
         #: dense gradient descent's downlink, priced as one float32 model change per agent
         #: per round (not what the relay would carry: d floats from every agent)
         self.dense_down: list[Cost] | None = None

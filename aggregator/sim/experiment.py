@@ -120,6 +120,8 @@ class RunResult:
     margins: tuple[Margin, ...] = ()
     #: the agents' minibatch (rows or a fraction of each shard); None: full gradients
     batch_size: float | None = None
+    #: local training at cadence: changes refused stale (their version closed while on air)
+    stale_updates: int = 0
 
 
 # --------------------------------------------------------------------------- set-up
@@ -359,6 +361,8 @@ class _Events:
         self.harness = harness
         self.on_air: list[tuple[float, int, Message]] = []  # (arrival, order, message)
         self.sent = 0
+        #: local-training changes refused stale (their version closed while on air)
+        self.stale = 0
         self.ready_at = [0.0] * len(harness.agents)  # each agent's reception is over
 
     def receive(self, now: float) -> None:
@@ -393,9 +397,19 @@ class _Events:
         return logs
 
     def arrive(self, now: float) -> None:
-        """The engine handles what reached it by ``now``, then ticks."""
+        """The engine handles what reached it by ``now``, then ticks. In a local-training
+        job a change still on air when its version closed without it is ``stale`` (it was
+        computed from that version's anchor): refused as the service refuses it, counted in
+        :attr:`stale`, and its agent answers the next version when its radio is free again.
+        Any other rejection is a bug."""
+        local = self.harness.engine.config.local is not None
         while self.on_air and self.on_air[0][0] <= now:
-            self.harness.handle(heapq.heappop(self.on_air)[2], strict=True)
+            msg = heapq.heappop(self.on_air)[2]
+            effects = self.harness.handle(msg, strict=not local)
+            if effects.reason == "stale":
+                self.stale += 1
+            elif effects.reason is not None:
+                raise RuntimeError(f"the engine rejected {msg.topic}: {effects.reason}")
         self.harness.pump(strict=True)
 
     def next_event(self, now: float) -> tuple[float, bool] | None:
@@ -456,6 +470,7 @@ def _train_at_cadence(
             book.up_wait_s += at - clock.now
         clock.now = at
         events.arrive(clock.now)
+        book.stale_updates = events.stale
 
 
 def run_method(
@@ -552,6 +567,7 @@ def run_method(
             downlink=downlink,
             margins=tuple(margins),
             batch_size=batch_size,
+            stale_updates=book.stale_updates,
         )
 
 

@@ -172,6 +172,7 @@ def records(result: RunResult, targets: Sequence[float]) -> list[dict[str, Any]]
             "stop_reason": result.stop_reason,
             "step_size": result.step_size,
             "models_equal": result.models_equal,
+            "stale_updates": result.stale_updates,
             "selection_s": result.selection_s,
             "selection_s_per_round": result.selection_s / max(1, result.rounds_run + 1),
             **law,
