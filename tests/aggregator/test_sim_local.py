@@ -124,3 +124,21 @@ def test_local_engine_runs_at_cadence(tmp_path: Path) -> None:
     [rec] = json.loads(out.read_text())
     assert rec["rounds"] is not None and rec["models_equal"] is True
     assert rec["audit_worst_margin"] >= 0
+
+
+def test_a_local_change_that_arrives_after_its_version_closed_is_refused_stale(
+    tmp_path: Path,
+) -> None:
+    """At cadence a member's change may still be on air when its version closes without it:
+    the engine refuses it ``stale`` (it was computed from that version's anchor), the run
+    counts it and goes on (before: RuntimeError), and its agent answers a later version."""
+    out = tmp_path / "stale.json"
+    argv = ["--rows", "2000", "--features", "2000", "--agents", "40", "--profiles",
+            "lorawan_eu868_dr5_sf7,lorawan_eu868_dr0_sf12,ble5_2m_dle_notify,nbiot_udp_psm_rai",
+            "--multicast", "lorawan_eu868_dr0_sf12_mcast_c_dr3", "--methods", "cat-signtopk",
+            "--local-steps", "3", "--local-engine", "--cadence", "--round-deadline", "300",
+            "--targets", "1e-1", "--max-rounds", "300", "--no-progress", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    [rec] = json.loads(out.read_text())
+    assert rec["stale_updates"] > 0
+    assert rec["rounds"] is not None and rec["models_equal"] is True
