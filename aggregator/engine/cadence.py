@@ -61,7 +61,7 @@ class Cadence:
         self.enabled = config.cadence and config.mode == "sync"
         self.max_lag = config.cadence_max_lag
         #: the participation window with cadence: a member lagging S versions still counts
-        self.window = max(config.participation_window, self.max_lag + 1)
+        self.window = config.participation_span
         self.deadline_s = config.round_deadline_s
         self._pricer = pricer
         self._free_at: dict[str, float] = {}

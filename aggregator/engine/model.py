@@ -69,7 +69,7 @@ class JobModel:
         self._local = (
             None
             if config.local is None
-            else LocalHub(d, config.local, max_absent=_max_absent(config))
+            else LocalHub(d, config.local, max_absent=config.participation_span)
         )
         #: local training: the LOCAL operation of the version being closed (set by
         #: :meth:`step`, sent by :meth:`stepped` in the same close; never checkpointed)
@@ -357,12 +357,3 @@ class JobModel:
             raise ValueError("local-training state: e does not fit d")
         self._local.restore({"gamma": saved.get("gamma"), "absences": saved.get("absences"),
                              "u_agents": snap.h_agents, "u": snap.h, "v": v, "e": e})  # fmt: skip
-
-
-def _max_absent(config: EngineConfig) -> int:
-    """Communications a local-training member may miss in a row before it leaves: the
-    participation window, or with cadence the window cadence keeps (a member excused up to
-    ``cadence_max_lag`` versions stays a member, aggregator.engine.cadence)."""
-    if config.cadence and config.mode == "sync":
-        return max(config.participation_window, config.cadence_max_lag + 1)
-    return config.participation_window

@@ -170,6 +170,16 @@ class EngineConfig:
             if not ok:
                 raise ValueError(f"EngineConfig: {msg}")
 
+    @property
+    def participation_span(self) -> int:
+        """Versions a member counts as taking part after its last update (a local-training
+        member: communications it may miss in a row): ``participation_window``, or with
+        cadence in sync mode ``max(window, cadence_max_lag + 1)``, so that the lag bound
+        bites before a silent member stops counting (aggregator.engine.cadence)."""
+        if self.cadence and self.mode == "sync":
+            return max(self.participation_window, self.cadence_max_lag + 1)
+        return self.participation_window
+
 
 @dataclass(frozen=True, slots=True)
 class Effects:

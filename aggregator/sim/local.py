@@ -62,7 +62,7 @@ from edge_agent.numerics.local import (
     check_passes,
     validate,
 )
-from edge_agent.numerics.sampling import PassSampler, batches_per_pass
+from edge_agent.numerics.sampling import PassSampler
 from edge_agent.numerics.selection import make_price, parse_policy, select
 from edge_agent.protocol.wire import encoded_size
 
@@ -427,9 +427,8 @@ def _samplers(problem: Problem, fleet: Fleet, cfg: LocalConfig) -> list[PassSamp
     1); None for full local gradients."""
     if cfg.batch_size is None:
         return None
-    parts = batches_per_pass(cfg.batch_size)
     return [
-        PassSampler(s.n_rows, parts, np.random.default_rng([agent_seed(problem.seed, i), 1]))
+        PassSampler.of(cfg.batch_size, s.n_rows, agent_seed(problem.seed, i))
         for i, s in enumerate(fleet.shards)
     ]
 

@@ -21,14 +21,13 @@ agent's seed, stream 1); the job's H is then a multiple of k (checked at start-u
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from edge_agent.agent.replica import Exchange
 from edge_agent.numerics.local import LocalCoefs, anchor_drift, local_steps, member_receive
-from edge_agent.numerics.sampling import PassSampler, batches_per_pass
+from edge_agent.numerics.sampling import PassSampler
 from edge_agent.protocol.downlink import member_tag
 
 FloatArray = npt.NDArray[np.float64]
@@ -36,39 +35,20 @@ IndexArray = npt.NDArray[np.int64]
 #: the local gradient at x on the given rows of the shard (None: all of them)
 RowsGradient = Callable[[FloatArray, IndexArray | None], FloatArray]
 
-__all__ = ["LocalMember", "local_batches"]
-
-
-class _BatchSettings(Protocol):
-    @property
-    def batch_size(self) -> float | None: ...
-    @property
-    def seed(self) -> int: ...
-
-
-class _Shard(Protocol):
-    @property
-    def n_rows(self) -> int: ...
-
-
-def local_batches(config: _BatchSettings, data: _Shard) -> PassSampler | None:
-    """The sampler of a member's local steps (None: full local gradients)."""
-    if config.batch_size is None:
-        return None
-    parts = batches_per_pass(config.batch_size)
-    return PassSampler(data.n_rows, parts, np.random.default_rng([config.seed, 1]))
+__all__ = ["LocalMember"]
 
 
 class LocalMember:
     """One member's local-training state (see the module doc)."""
 
     def __init__(
-        self, agent_id: str, d: int, n_rows: int = 0, *, batches: PassSampler | None = None
-    ) -> None:
+        self, agent_id: str, d: int, n_rows: int, *, batch_size: float | None = None,
+        seed: int = 0,
+    ) -> None:  # fmt: skip
         self.d = d
         self.n_rows = n_rows
         #: the minibatch sampler of the local steps (None: full local gradients)
-        self.batches = batches
+        self.batches = None if batch_size is None else PassSampler.of(batch_size, n_rows, seed)
         self.tag = member_tag(agent_id)
         #: the local model (None: not started, or reset: it starts at the anchor)
         self.x: FloatArray | None = None

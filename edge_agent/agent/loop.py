@@ -26,7 +26,7 @@ from edge_agent.agent.answers import Answers
 from edge_agent.agent.catchup import CatchUp, Want, want_for
 from edge_agent.agent.config import AgentConfig, CurvatureName, FeedbackName
 from edge_agent.agent.ledger import AgentCounters, CostLedger, RoundLog
-from edge_agent.agent.localtrain import LocalMember, local_batches
+from edge_agent.agent.localtrain import LocalMember
 from edge_agent.agent.minibatch import for_agent
 from edge_agent.agent.replica import Replica
 from edge_agent.agent.sealer import Outgoing, Sealer
@@ -119,7 +119,11 @@ class Agent:
             None
             if config.local_steps is None
             else LocalMember(
-                config.agent_id, model.d, data.n_rows, batches=local_batches(config, data)
+                config.agent_id,
+                model.d,
+                data.n_rows,
+                batch_size=config.batch_size,
+                seed=config.seed,
             )
         )
         if self.local is not None:

@@ -112,6 +112,13 @@ class PassSampler:
         self.passes = 0
         self._batches: list[IndexArray] = []
 
+    @classmethod
+    def of(cls, batch_size: float, n_rows: int, seed: int) -> PassSampler:
+        """The sampler of a member's local steps: ``1 / batch_size`` batches a pass
+        (:func:`batches_per_pass`) from the member's seed, stream 1 (an agent and the
+        simulator's in-process aggregator draw the same batches)."""
+        return cls(n_rows, batches_per_pass(batch_size), np.random.default_rng([seed, 1]))
+
     def next(self) -> IndexArray:
         """The next batch's row indices (sorted); a new pass starts when one is used up."""
         if not self._batches:
