@@ -405,8 +405,8 @@ class _Events:
         local = self.harness.engine.config.local is not None
         while self.on_air and self.on_air[0][0] <= now:
             msg = heapq.heappop(self.on_air)[2]
-            effects = self.harness.handle(msg, strict=not local)
-            if effects.reason == "stale":
+            effects = self.harness.handle(msg)
+            if local and effects.reason == "stale":
                 self.stale += 1
             elif effects.reason is not None:
                 raise RuntimeError(f"the engine rejected {msg.topic}: {effects.reason}")
