@@ -207,13 +207,15 @@ def check_hello(
     feedback: str = "any",
     batch_size: float | None = None,
     local_steps: int | None = None,
+    comm_prob: float | None = None,
 ) -> messages.Hello:
     """A hello that fits the job and ``limits`` (None: the defaults). ``feedback``: the
     job's configured feedback (``AGG_FEEDBACK``; ``any``: ``family`` decides); ``family``:
     the job's semantics family so far (None: not fixed yet); ``alone``: no other agent is
     registered, so an unconfigured family may change; ``fixed_step``: the job configures
     its step size (``dir`` agents need ``1/L``); ``batch_size``: the job's minibatch
-    (``AGG_BATCH_SIZE``; None: any, full gradients included)."""
+    (``AGG_BATCH_SIZE``; None: any, full gradients included); ``local_steps`` or
+    ``comm_prob``: the job's local-training schedule (both None: no local training)."""
     try:
         hello = messages.parse(messages.Hello, blob)
     except WireFormatError as exc:
@@ -240,12 +242,9 @@ def check_hello(
         )
     check_family(hello, feedback=feedback, family=family, alone=alone)
     check_batch_size(hello, batch_size)
-    if local_steps is not None and hello.local_steps != local_steps:
-        raise Reject(
-            "wrong_local_steps",
-            f"{hello.agent}: local steps {hello.local_steps}; job runs local training with "
-            f"{local_steps} (AGG_LOCAL_STEPS); run the agent with --local-steps {local_steps}",
-        )
+    misfit = jobinfo.local_misfit((local_steps, comm_prob), (hello.local_steps, hello.comm_prob))
+    if misfit is not None:
+        raise Reject("wrong_local_steps", f"{hello.agent}: the job {misfit}")
     if hello.semantics == "dir":
         _check_directional(hello, fixed_step=fixed_step)
     check_hello_bounds(hello, limits or Limits())

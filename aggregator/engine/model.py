@@ -9,6 +9,7 @@ its members' mirrored control variates in ``h`` and the anchor's ``v`` in ``sum_
 from __future__ import annotations
 
 import logging
+import zlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -69,7 +70,12 @@ class JobModel:
         self._local = (
             None
             if config.local is None
-            else LocalHub(d, config.local, max_absent=config.participation_span)
+            else LocalHub(
+                d,
+                config.local,
+                max_absent=config.participation_span,
+                seed=zlib.crc32(config.job.encode()),
+            )
         )
         #: local training: the LOCAL operation of the version being closed (set by
         #: :meth:`step`, sent by :meth:`stepped` in the same close; never checkpointed)
@@ -310,6 +316,8 @@ class JobModel:
             h_agents, h, sum_h = state["u_agents"], state["u"], state["v"]
             local = {
                 "gamma": state["gamma"],
+                "draws": state["draws"],
+                "announced": state["announced"],
                 "absences": state["absences"],
                 "e": b64_array(state["e"]),
             }
@@ -355,5 +363,6 @@ class JobModel:
         v = snap.sum_h if snap.sum_h.size else np.zeros(d)
         if e is None:
             raise ValueError("local-training state: e does not fit d")
-        self._local.restore({"gamma": saved.get("gamma"), "absences": saved.get("absences"),
+        keep = ("gamma", "draws", "announced", "absences")
+        self._local.restore({**{k: saved.get(k) for k in keep},
                              "u_agents": snap.h_agents, "u": snap.h, "v": v, "e": e})  # fmt: skip

@@ -70,6 +70,7 @@ def job_info(config: EngineConfig) -> Outbound | None:
     known until the first hello, and engines built without it announce nothing)."""
     if config.feedback == "any":
         return None
+    local_steps, comm_prob = (None, None) if config.local is None else config.local.schedule
     info = jobinfo.JobInfo(
         job=config.job,
         d=config.d,
@@ -78,7 +79,8 @@ def job_info(config: EngineConfig) -> Outbound | None:
         family=jobinfo.family_of(config.feedback),
         compressors=tuple(COMPRESSOR_IDS),
         batch_size=config.batch_size,
-        local_steps=None if config.local is None else config.local.local_steps,
+        local_steps=local_steps,
+        comm_prob=comm_prob,
     )
     return Outbound(topics.job_info(config.job), info.dump(), retain=True)
 

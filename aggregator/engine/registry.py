@@ -200,13 +200,13 @@ class AgentRegistry:
         job (:func:`~aggregator.engine.admission.check_hello`), it claims nothing its last
         hello did not, and when ``signed`` its counter increases. Changes nothing."""
         cfg = config
+        local_steps, comm_prob = (None, None) if cfg.local is None else cfg.local.schedule
         hello = admission.check_hello(text, agent=agent, job=cfg.job, d=cfg.d, model=cfg.model,
                                       family=family, alone=self.only(agent),
                                       fixed_step=cfg.step_size is not None, limits=cfg.limits,
                                       feedback=cfg.feedback,
                                       batch_size=cfg.batch_size,
-                                      local_steps=None if cfg.local is None
-                                      else cfg.local.local_steps)  # fmt: skip
+                                      local_steps=local_steps, comm_prob=comm_prob)  # fmt: skip
         known = self._agents.get(agent)
         admission.check_claims(hello, None if known is None else known.hello)
         self.check_signed(agent, hello.ctr, signed=signed, kind="hello")

@@ -154,8 +154,8 @@ class EngineConfig:
                 "feedback 'local' and a local-training configuration go together",
             ),
             (
-                self.local is None or (self.mode == "sync" and self.local.comm_prob is None),
-                "local training runs sync rounds, every H local steps",
+                self.local is None or self.mode == "sync",
+                "local training runs sync rounds",
             ),
             (
                 self.local is None or self.local.method == "locodl",

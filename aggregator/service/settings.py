@@ -195,6 +195,15 @@ class Settings(BaseSettings):
         "steps per communication; every agent must run with --local-steps H. Sets "
         "AGG_FEEDBACK=local. Unset: no local training.",
     )
+    comm_prob: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Local training with a drawn schedule (Scaffnew/ProxSkip's coin): each "
+        "round's local steps are drawn so that a communication follows each step with this "
+        "probability (geometric, mean 1/p), announced with the previous version; every agent "
+        "must run with --comm-prob p. Instead of AGG_LOCAL_STEPS. Unset: none.",
+    )
     local_rho: float = Field(
         DEFAULT_RHO, gt=0, le=1, description="Local training: LoCoDL's damping rho."
     )
@@ -357,25 +366,7 @@ class Settings(BaseSettings):
             raise ValueError("AGG_MIN_SMOOTHNESS must be <= AGG_MAX_SMOOTHNESS")
         if self.mode == "async" and self.dedupe_window < self.max_staleness:
             raise ValueError("AGG_DEDUPE_WINDOW must be >= AGG_MAX_STALENESS")
-        if self.local_steps is not None:
-            if "feedback" in self.model_fields_set and self.feedback != "local":
-                raise ValueError(
-                    f"AGG_LOCAL_STEPS runs local training: AGG_FEEDBACK must be local or "
-                    f"unset, not {self.feedback}"
-                )
-            if self.mode != "sync":
-                raise ValueError("AGG_LOCAL_STEPS: local training runs sync rounds (AGG_MODE)")
-            if self.batch_size is not None:
-                check_passes(
-                    self.local_steps, self.batch_size, names=("AGG_LOCAL_STEPS", "AGG_BATCH_SIZE")
-                )
-                if self.schedule_l2 is not None:
-                    raise ValueError(
-                        "AGG_SCHEDULE_L2: local training keeps its step fixed (a decaying "
-                        "step would change LoCoDL's coefficients each round); unset it"
-                    )
-        elif self.feedback == "local":
-            raise ValueError("AGG_FEEDBACK=local needs AGG_LOCAL_STEPS (the local steps H)")
+        self._check_local_training()
         token: str | None = None
         if self.api_token is not None:
             token = self.api_token.get_secret_value()
@@ -391,6 +382,41 @@ class Settings(BaseSettings):
         self._token = token
         return self
 
+    def _check_local_training(self) -> None:
+        """ValueError for local-training settings that are undefined or known to fail: one
+        schedule (AGG_LOCAL_STEPS or AGG_COMM_PROB), feedback local, sync rounds, whole
+        passes with minibatches and no decaying step."""
+        if self.local_steps is not None and self.comm_prob is not None:
+            raise ValueError(
+                "AGG_LOCAL_STEPS and AGG_COMM_PROB: set one (every H local steps, or a drawn "
+                "number of them with mean 1/p)"
+            )
+        if self.local_training:
+            name = "AGG_LOCAL_STEPS" if self.comm_prob is None else "AGG_COMM_PROB"
+            if "feedback" in self.model_fields_set and self.feedback != "local":
+                raise ValueError(
+                    f"{name} runs local training: AGG_FEEDBACK must be local or "
+                    f"unset, not {self.feedback}"
+                )
+            if self.mode != "sync":
+                raise ValueError(f"{name}: local training runs sync rounds (AGG_MODE)")
+            if self.batch_size is not None:
+                check_passes(
+                    self.local_steps or 1,
+                    self.batch_size,
+                    comm_prob=self.comm_prob,
+                    names=("AGG_LOCAL_STEPS", "AGG_BATCH_SIZE"),
+                )
+                if self.schedule_l2 is not None:
+                    raise ValueError(
+                        "AGG_SCHEDULE_L2: local training keeps its step fixed (a decaying "
+                        "step would change LoCoDL's coefficients each round); unset it"
+                    )
+        elif self.feedback == "local":
+            raise ValueError(
+                "AGG_FEEDBACK=local needs AGG_LOCAL_STEPS (the local steps H) or AGG_COMM_PROB"
+            )
+
     # ------------------------------------------------------------------ derived views
 
     @property
@@ -398,12 +424,20 @@ class Settings(BaseSettings):
         """The control API bearer token (None: control endpoints answer 503)."""
         return self._token
 
+    @property
+    def local_training(self) -> bool:
+        """Whether the job runs local training (AGG_LOCAL_STEPS or AGG_COMM_PROB)."""
+        return self.local_steps is not None or self.comm_prob is not None
+
     def local_config(self) -> LocalConfig | None:
-        """The local-training configuration (None: AGG_LOCAL_STEPS unset)."""
-        if self.local_steps is None:
+        """The local-training configuration (None: neither AGG_LOCAL_STEPS nor
+        AGG_COMM_PROB set; with the probability, H is its mean, for display only)."""
+        if not self.local_training:
             return None
+        mean_steps = None if self.comm_prob is None else max(1, round(1.0 / self.comm_prob))
         return LocalConfig(
-            local_steps=self.local_steps,
+            local_steps=self.local_steps or mean_steps or 1,
+            comm_prob=self.comm_prob,
             step_factor=self.local_step_factor,
             chi=self.local_chi,
             rho=self.local_rho,
@@ -416,7 +450,7 @@ class Settings(BaseSettings):
         of versions, or copies that are always exact) and the engine's default."""
         if self.snapshot_every is not None:
             return self.snapshot_every
-        if self.batch_size is not None or self.local_steps is not None:
+        if self.batch_size is not None or self.local_training:
             return 0
         return EngineConfig.snapshot_every
 
@@ -453,7 +487,7 @@ class Settings(BaseSettings):
             cadence_max_lag=self.cadence_max_lag,
             max_agents=self.max_agents,
             unproven_ttl_s=self.unproven_ttl_s,
-            feedback="local" if self.local_steps is not None else self.feedback,
+            feedback="local" if self.local_training else self.feedback,
             batch_size=self.batch_size,
             schedule_l2=self.schedule_l2,
             schedule_t0=self.schedule_t0,

@@ -122,6 +122,8 @@ class RunResult:
     batch_size: float | None = None
     #: local training at cadence: changes refused stale (their version closed while on air)
     stale_updates: int = 0
+    #: local training (the engine's local job): its gradient evaluations are reported
+    local: bool = False
 
 
 # --------------------------------------------------------------------------- set-up
@@ -218,7 +220,8 @@ def open_fleet(
                 batch_size=batch_size,
                 schedule_t0=schedule_t0 if method.ef_model_units else None,  # +ef:model
                 aggregator_keys=keys,
-                local_steps=None if local is None else local.local_steps,
+                local_steps=None if local is None else local.schedule[0],
+                comm_prob=None if local is None else local.schedule[1],
             )
             harness.add_agent(
                 config,
@@ -568,6 +571,7 @@ def run_method(
             margins=tuple(margins),
             batch_size=batch_size,
             stale_updates=book.stale_updates,
+            local=harness.engine.config.local is not None,
         )
 
 

@@ -146,12 +146,10 @@ def local_config(args: argparse.Namespace) -> LocalConfig | None:
     if args.batch_size is not None and args.local_steps is not None:
         check_passes(args.local_steps, args.batch_size, comm_prob=args.comm_prob)
     method: LocalMethod = args.local_method
-    if getattr(args, "local_engine", False) and (
-        args.comm_prob is not None or args.local_anchor != 1.0 or method != "locodl"
-    ):
+    if getattr(args, "local_engine", False) and (args.local_anchor != 1.0 or method != "locodl"):
         raise ValueError(
-            "--local-engine: the engine communicates every H steps with LoCoDL's a = 1 "
-            "(no --comm-prob, --local-anchor or --local-method scaffnew)"
+            "--local-engine: the engine runs LoCoDL with a = 1 "
+            "(no --local-anchor or --local-method scaffnew)"
         )
     return LocalConfig(
         local_steps=1 if args.local_steps is None else args.local_steps,

@@ -115,9 +115,10 @@ def _eta_fields(result: RunResult, target: float, k: int | None) -> dict[str, An
 
 
 def _gradients(result: RunResult, k: int | None) -> dict[str, Any]:
-    """Minibatch runs only (full-gradient records keep their fields): the batch size and
-    the gradient evaluations to round ``k``, in rows and in passes over all the data."""
-    if result.batch_size is None:
+    """Minibatch and local-training runs only (the others keep their fields): the batch
+    size and the gradient evaluations to round ``k``, in rows and in passes over all the
+    data (with equal shards: the gradient evaluations per agent)."""
+    if result.batch_size is None and not result.local:
         return {}
     rows = None if k is None else result.trace.grad_rows[k]
     total = sum(s.n_rows for s in result.fleet.shards)
@@ -129,15 +130,16 @@ def _gradients(result: RunResult, k: int | None) -> dict[str, Any]:
 
 
 def gradient_lines(results: Sequence[RunResult], targets: Sequence[float]) -> str:
-    """For minibatch runs: rounds, gradient passes and total bytes to each target, one line
-    per (fleet, method, target); empty when no run used a minibatch."""
+    """For minibatch and local-training runs: rounds, gradient passes and total bytes to
+    each target, one line per (fleet, method, target); empty when there are none."""
     lines = []
     for r in results:
         for rec in records(r, targets):
             if "grad_passes" in rec:
-                passes = rec["grad_passes"]
+                passes, batch = rec["grad_passes"], rec["batch_size"]
+                grads = "full gradients" if batch is None else f"batch {batch:g}"
                 lines.append(
-                    f"{r.fleet.label}: {rec['method']} batch {rec['batch_size']:g} to "
+                    f"{r.fleet.label}: {rec['method']} {grads} to "
                     f"{rec['target']:g}: rounds {_fmt(rec['rounds'])}, gradient passes "
                     f"{'-' if passes is None else f'{passes:.1f}'}, total bytes "
                     f"{_fmt(rec['total_bytes'])}"

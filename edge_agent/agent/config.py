@@ -65,17 +65,37 @@ class AgentConfig:
     #: messages of a job that runs it (AGG_LOCAL_STEPS: the job's H, checked on arrival of
     #: its settings); the update carries the change of the local model, semantics ``local``
     local_steps: int | None = None
+    #: local training with a drawn schedule (AGG_COMM_PROB): the job's probability of a
+    #: communication after each local step; each round's count comes with the broadcast
+    comm_prob: float | None = None
 
-    def __post_init__(self) -> None:
-        if self.local_steps is not None and not (
-            self.local_steps >= 1 and self.feedback == "none" and self.curvature == "global"
+    @property
+    def local(self) -> bool:
+        """Whether this agent runs local training (``local_steps`` or ``comm_prob``)."""
+        return self.local_steps is not None or self.comm_prob is not None
+
+    def _check_local(self) -> None:
+        """ValueError for a local-training setting that is undefined or known to fail: one
+        schedule (H or p), no feedback of its own, global curvature, whole passes."""
+        if self.local_steps is not None and self.comm_prob is not None:
+            raise ValueError("local_steps or comm_prob: the job runs one schedule")
+        if self.comm_prob is not None and not 0.0 < self.comm_prob <= 1.0:
+            raise ValueError(f"comm_prob must lie in (0, 1], got {self.comm_prob}")
+        if not (
+            (self.local_steps is None or self.local_steps >= 1)
+            and self.feedback == "none"
+            and self.curvature == "global"
         ):
             raise ValueError(
-                "local_steps: H >= 1 with feedback 'none' and curvature 'global' (local "
-                "training corrects its own compression error)"
+                "local training (local_steps H >= 1 or comm_prob): feedback 'none' and "
+                "curvature 'global' (local training corrects its own compression error)"
             )
-        if self.local_steps is not None and self.batch_size is not None:
-            check_passes(self.local_steps, self.batch_size)
+        if self.batch_size is not None:
+            check_passes(self.local_steps or 1, self.batch_size, comm_prob=self.comm_prob)
+
+    def __post_init__(self) -> None:
+        if self.local:
+            self._check_local()
         if self.batch_size is not None and not self.batch_size > 0:
             raise ValueError(f"batch_size must be > 0 (rows or a fraction), got {self.batch_size}")
         if self.batch_size is not None and self.curvature == "directional":

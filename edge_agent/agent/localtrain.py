@@ -75,7 +75,7 @@ class LocalMember:
             self.x = y.copy()
         if self.coefs is None:
             return np.zeros(self.d)
-        steps, gamma = self.coefs.steps, self.coefs.gamma
+        steps, gamma = self.coefs.ahead, self.coefs.gamma
         local_steps(self.x, self.u, self._step_gradient(grad), gamma, steps)
         self.gradients += steps
         y_h = y.copy()

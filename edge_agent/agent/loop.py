@@ -107,7 +107,7 @@ class Agent:
         #: local training (whose steps draw from ``self.local.batches``)
         self.minibatch = (
             None
-            if config.local_steps is not None
+            if config.local
             else for_agent(config, data, self.policy, self.smoothness, model.l2)
         )
         #: what the updates carry: the feedback's semantics, or ``dir`` (family *mean*)
@@ -117,7 +117,7 @@ class Agent:
         #: local training: this member's x_i, u_i and what it sent (None: no local training)
         self.local = (
             None
-            if config.local_steps is None
+            if not config.local
             else LocalMember(
                 config.agent_id,
                 model.d,
@@ -138,6 +138,7 @@ class Agent:
             config.compressor,
             config.batch_size,
             config.local_steps,
+            config.comm_prob,
         )
         #: the model copy, kept bit-identical to the aggregator's (or its broadcast model)
         self.replica = Replica(model.d, family)
@@ -212,6 +213,7 @@ class Agent:
             group=self.config.group,
             batch_size=self.config.batch_size,
             local_steps=self.config.local_steps,
+            comm_prob=self.config.comm_prob,
             will_ctr=self.sealer.will_ctr,
         )
         # no separate "online" status: a hello marks the agent online at the aggregator, and

@@ -185,6 +185,7 @@ def _build_agent(args: argparse.Namespace) -> Agent:
         group=args.group,
         batch_size=args.batch_size,
         local_steps=args.local_steps,
+        comm_prob=args.comm_prob,
     )
     transport = open_transport(
         args.server,
@@ -436,7 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
         "default: the full local gradient. With it the default feedback is 'ef' (classic "
         "error feedback; EF21 stalls on noisy gradients, docs/algorithm.md)",
     )
-    run.add_argument(
+    schedule = run.add_mutually_exclusive_group()
+    schedule.add_argument(
         "--local-steps",
         type=int,
         default=None,
@@ -446,6 +448,16 @@ def build_parser() -> argparse.ArgumentParser:
         "it with the same H (AGG_LOCAL_STEPS). Default feedback then: none. With "
         "--batch-size 1/k (0.1, 0.05, ...) each local step takes a minibatch and H must be a "
         "multiple of k (whole passes a round)",
+    )
+    schedule.add_argument(
+        "--comm-prob",
+        type=float,
+        default=None,
+        metavar="P",
+        help="local training (LoCoDL) with a drawn schedule, Scaffnew/ProxSkip's coin: each "
+        "round's number of local steps comes with the broadcast (mean 1/P); the job must run "
+        "it with the same P (AGG_COMM_PROB). Default feedback then: none. Not with "
+        "--batch-size (a drawn count cannot keep whole passes)",
     )
     run.add_argument(
         "--max-refusals",
@@ -642,7 +654,8 @@ def _directional(args: argparse.Namespace) -> bool:
 
 def _default_feedback(args: argparse.Namespace) -> Literal["none", "ef", "ef21"]:
     """No feedback for directional pricing, classic EF for minibatch SGD, EF21 otherwise."""
-    if _directional(args) or getattr(args, "local_steps", None) is not None:
+    local = getattr(args, "local_steps", None) is not None or getattr(args, "comm_prob", None)
+    if _directional(args) or local:
         return "none"
     return "ef" if getattr(args, "batch_size", None) is not None else "ef21"
 

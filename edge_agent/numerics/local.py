@@ -105,6 +105,12 @@ class LocalConfig:
         return self.comm_prob if self.comm_prob is not None else 1.0 / self.local_steps
 
     @property
+    def schedule(self) -> tuple[int | None, float | None]:
+        """``(local_steps, comm_prob)`` as a job announces it and an agent's hello says it:
+        the probability when one is set (H then plays no part), else H."""
+        return (None, self.comm_prob) if self.comm_prob is not None else (self.local_steps, None)
+
+    @property
     def factor(self) -> float:
         """gamma * L: the configured step factor, else the tuned ``min(1, STEP_BUDGET p)``,
         times ``sqrt(batch_size)`` with minibatches (tuned at 10 %: 0.03 for H = 20)."""
@@ -164,8 +170,9 @@ def check_passes(
     except ValueError as exc:
         raise ValueError(f"{batch_name} {batch_size:g} with {steps_name}: {exc}") from None
     if comm_prob is not None:
+        prob_name = "--comm-prob" if steps_name.startswith("--") else "AGG_COMM_PROB"
         raise ValueError(
-            f"--comm-prob with {batch_name}: a random communication step cannot keep whole "
+            f"{prob_name} with {batch_name}: a random communication step cannot keep whole "
             f"passes between messages; use {steps_name} H"
         )
     if local_steps % parts:
@@ -205,18 +212,42 @@ class LocalCoefs:
     """The coefficients of one communication, as the aggregator applied them and the
     downlink's LOCAL operation carries them (docs/wire-format.md): ``steps`` local steps
     of size ``gamma`` since the last communication, the damping ``rho``, the control
-    variates' rate ``c = p chi / gamma`` and the anchor's ``c_v = c / a``."""
+    variates' rate ``c = p chi / gamma`` and the anchor's ``c_v = c / a``;
+    ``next_steps``: the local steps of the round this communication opens (None: as many
+    as ``steps``, the fixed schedule; a job with a communication probability draws them)."""
 
     steps: int
     gamma: float
     rho: float
     c: float
     c_v: float
+    next_steps: int | None = None
+
+    @property
+    def ahead(self) -> int:
+        """The local steps every member takes before the next communication."""
+        return self.steps if self.next_steps is None else self.next_steps
 
     @classmethod
-    def of(cls, cfg: LocalConfig, gamma: float) -> LocalCoefs:
+    def of(cls, cfg: LocalConfig, gamma: float, *, steps: int | None = None,
+           next_steps: int | None = None) -> LocalCoefs:  # fmt: skip
+        """``steps``: the elapsed round's (None: the configured H)."""
         c = cfg.p * cfg.chi / gamma
-        return cls(cfg.local_steps, gamma, cfg.rho, c, c / cfg.anchor)
+        done = cfg.local_steps if steps is None else steps
+        return cls(done, gamma, cfg.rho, c, c / cfg.anchor, next_steps)
+
+
+#: the most local steps one round may announce (the wire's bound on a LOCAL's counts)
+MAX_ROUND_STEPS: Final = 1 << 16
+
+
+def round_steps(p: float, seed: int, draw: int) -> int:
+    """The local steps of a round under a communication probability ``p``: how many steps
+    until the first communication when each step communicates with probability ``p``
+    (geometric, mean 1/p; at most :data:`MAX_ROUND_STEPS`). Draw number ``draw`` of the
+    job's stream ``seed``: the same on a live engine, a restored one and a replay."""
+    rng = np.random.default_rng([seed, draw])
+    return int(min(MAX_ROUND_STEPS, rng.geometric(p)))
 
 
 def anchor_drift(y: FloatArray, v: FloatArray, gamma: float, steps: int) -> None:
@@ -359,12 +390,18 @@ class LocalHub:
     alone holds, is adjusted so that the sum stays 0.
     """
 
-    def __init__(self, d: int, cfg: LocalConfig, max_absent: int = 10) -> None:
+    def __init__(self, d: int, cfg: LocalConfig, max_absent: int = 10, seed: int = 0) -> None:
         if d < 1:
             raise ValueError(f"LocalHub: d must be >= 1, got {d}")
         self.d = d
         self.cfg = cfg
         self.max_absent = max_absent
+        #: the stream of the rounds' step counts under ``cfg.comm_prob`` (:func:`round_steps`)
+        self.seed = seed
+        #: communications so far (the next draw's number), and the step count the last one
+        #: announced for the open round (None: none yet)
+        self.draws = 0
+        self.announced: int | None = None
         self.v: FloatArray = np.zeros(d)
         self.e: FloatArray = np.zeros(d)
         #: the members' mirrored control variates, in the order they joined
@@ -389,8 +426,17 @@ class LocalHub:
 
     def coefs(self, gamma: float) -> LocalCoefs:
         """The coefficients of the next communication: ``gamma`` the first time, then the
-        same (a step that changed with the fleet's hellos would break the sum above)."""
-        return LocalCoefs.of(self.cfg, self.gamma if self.gamma is not None else gamma)
+        same (a step that changed with the fleet's hellos would break the sum above). With
+        a communication probability, ``steps`` is the count the last communication
+        announced (1 before the first: its round has no local steps that matter, v = 0)
+        and ``next_steps`` the next draw of the job's stream."""
+        g = self.gamma if self.gamma is not None else gamma
+        p = self.cfg.comm_prob
+        if p is None:
+            return LocalCoefs.of(self.cfg, g)
+        steps = 1 if self.announced is None else self.announced
+        return LocalCoefs.of(self.cfg, g, steps=steps,
+                             next_steps=round_steps(p, self.seed, self.draws))  # fmt: skip
 
     def close(
         self,
@@ -426,6 +472,8 @@ class LocalHub:
             self.absences[m] = 0 if upd is not None else self.absences.get(m, 0) + 1
         y[...] = y_new
         self.v, self._sent, self.gamma = v_new, {}, coefs.gamma
+        self.draws += 1
+        self.announced = coefs.next_steps
         return cast, Roster(absent, joined, left)
 
     def _roster(self, c: float) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -476,11 +524,14 @@ class LocalHub:
         return total + n * a * self.v + (1.0 + a) * n * c * self.e
 
     def export(self) -> dict[str, Any]:
-        """JSON-able meta (gamma, absences) and the arrays ``v``, ``e`` and the mirrors."""
+        """JSON-able meta (gamma, absences, the step counts' draws and the announced one)
+        and the arrays ``v``, ``e`` and the mirrors."""
         agents = tuple(self.u)
         u = np.stack([self.u[a] for a in agents]) if agents else np.zeros((0, self.d))
         return {
             "gamma": self.gamma,
+            "draws": self.draws,
+            "announced": self.announced,
             "absences": dict(self.absences),
             "u_agents": agents,
             "u": u,
@@ -500,6 +551,11 @@ class LocalHub:
             raise ValueError("local-training state contains nan or inf")
         gamma = data.get("gamma")
         self.gamma = None if gamma is None else float(gamma)
+        announced = data.get("announced")
+        self.draws = int(data.get("draws") or 0)
+        self.announced = None if announced is None else int(announced)
+        if self.draws < 0 or not (self.announced is None or 1 <= self.announced <= MAX_ROUND_STEPS):
+            raise ValueError("local-training state: step counts out of range")
         absences = data.get("absences") or {}
         self.u = {a: u[i].copy() for i, a in enumerate(agents)}
         self.absences = {a: int(absences.get(a, 0)) for a in agents}
@@ -511,6 +567,7 @@ __all__ = [
     "DEFAULT_CHI",
     "DEFAULT_RHO",
     "LOCAL_METHODS",
+    "MAX_ROUND_STEPS",
     "STEP_BUDGET",
     "Compress",
     "Exchange",
@@ -527,6 +584,7 @@ __all__ = [
     "check_passes",
     "local_steps",
     "member_receive",
+    "round_steps",
     "validate",
     "variate_receive",
 ]

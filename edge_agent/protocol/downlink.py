@@ -30,7 +30,7 @@ import numpy.typing as npt
 
 from edge_agent.errors import WireFormatError
 from edge_agent.numerics.compressors import Update
-from edge_agent.numerics.local import LocalCoefs
+from edge_agent.numerics.local import MAX_ROUND_STEPS, LocalCoefs
 from edge_agent.protocol import wire
 from edge_agent.protocol.indexcode import decode_indices, encode_indices, index_bytes
 
@@ -88,6 +88,7 @@ OP_SUB: Final = 4  # aggregate[indices] -= float64 values
 OP_ZERO: Final = 5  # aggregate[:] = 0
 OP_MOVE: Final = 6  # a compressed model change (compressed downlink); ends one version
 OP_LOCAL: Final = 7  # local training: coefficients, then the broadcast dt; ends one version
+OP_LOCAL_NEXT: Final = 8  # OP_LOCAL with the next round's local steps (a drawn schedule)
 
 _F64: Final = struct.Struct("<d")
 _MAX_U63: Final = 2**63 - 1
@@ -219,7 +220,8 @@ def local_op(
     """A LOCAL operation: ``steps`` (uvarint), ``gamma``, ``rho``, ``c``, ``c_v`` (float64
     each), three lists of tags (:func:`member_tag`; each a uvarint count, then the sorted
     tags): the absent members, the agents that joined and the members that left; then the
-    broadcast ``dt`` as a relayed entry (its values' own dtype)."""
+    broadcast ``dt`` as a relayed entry (its values' own dtype). With ``coefs.next_steps``
+    it is a LOCAL_NEXT operation: the same with that count (uvarint) after ``steps``."""
     lists: list[bytes] = []
     for names in (absent, joined, left):
         tags = sorted({member_tag(a) for a in names})
@@ -227,10 +229,13 @@ def local_op(
     blob = wire.encode(update, job=job, agent="r", round=0, seq=0)
     pos = wire.body_offset(blob)
     entry = blob[4:6] + wire.uvarint(update.t) + blob[pos:]
+    code, counts = OP_LOCAL, [wire.uvarint(coefs.steps)]
+    if coefs.next_steps is not None:
+        code, counts = OP_LOCAL_NEXT, [*counts, wire.uvarint(coefs.next_steps)]
     return b"".join(
         [
-            bytes([OP_LOCAL]),
-            wire.uvarint(coefs.steps),
+            bytes([code]),
+            *counts,
             *(_F64.pack(v) for v in (coefs.gamma, coefs.rho, coefs.c, coefs.c_v)),
             *lists,
             wire.uvarint(len(entry)),
@@ -407,13 +412,16 @@ def _read_op(r: wire.Reader, buf: bytes, d: int, job_ident: bytes) -> Op:
         return Sub(idx, vals)
     if code == OP_ZERO:
         return Zero()
-    if code == OP_LOCAL:
-        steps = r.uvarint("local steps", 1 << 16)
+    if code in (OP_LOCAL, OP_LOCAL_NEXT):
+        steps = r.uvarint("local steps", MAX_ROUND_STEPS)
+        ahead = r.uvarint("next local steps", MAX_ROUND_STEPS) if code == OP_LOCAL_NEXT else None
         gamma, rho, c, c_v = (_finite(r, what) for what in ("gamma", "rho", "c", "c_v"))
-        if not (gamma > 0 and 0 < rho <= 1 and steps >= 1):
-            raise WireFormatError(f"local: steps {steps}, gamma {gamma}, rho {rho} out of range")
+        if not (gamma > 0 and 0 < rho <= 1 and steps >= 1 and ahead != 0):
+            raise WireFormatError(
+                f"local: steps {steps} (next {ahead}), gamma {gamma}, rho {rho} out of range"
+            )
         absent, joined, left = (_tags(r, what) for what in ("absent", "joined", "left"))
-        coefs = LocalCoefs(steps, gamma, rho, c, c_v)
+        coefs = LocalCoefs(steps, gamma, rho, c, c_v, ahead)
         return Local(coefs, _read_entry(r, d, job_ident), absent, joined, left)
     raise WireFormatError(f"unknown operation code {code}")
 

@@ -84,6 +84,9 @@ class JobInfo:
     batch_size: float | None = None
     #: local training: the local steps between communications (AGG_LOCAL_STEPS); null: none
     local_steps: int | None = None
+    #: local training with a drawn schedule: the probability of communicating after each
+    #: local step (AGG_COMM_PROB); null: none
+    comm_prob: float | None = None
 
     CHECKS: ClassVar[Mapping[str, Check]] = {
         "type": literal("job"),
@@ -95,16 +98,17 @@ class JobInfo:
         "compressors": tuple_of(string()),
         "batch_size": optional(number(gt=0)),
         "local_steps": optional(integer(gt=0)),
+        "comm_prob": optional(number(gt=0)),
     }
 
     def __post_init__(self) -> None:
         revalidate(self)
 
     def dump(self) -> bytes:
-        """The JSON announcement; ``batch_size`` and ``local_steps`` only when set (older
-        agents' view unchanged)."""
+        """The JSON announcement; ``batch_size``, ``local_steps`` and ``comm_prob`` only when
+        set (older agents' view unchanged)."""
         data = dump(self, exclude_none=False)
-        for key in ("batch_size", "local_steps"):
+        for key in ("batch_size", "local_steps", "comm_prob"):
             if data[key] is None:
                 del data[key]
         return compact_json(data).encode()
@@ -136,6 +140,27 @@ def wrong_d_fix(d: int) -> str:
     )
 
 
+def local_flag(local_steps: int | None, comm_prob: float | None) -> str:
+    """The agent flag of a local-training schedule (``none`` without one)."""
+    if comm_prob is not None:
+        return f"--comm-prob {comm_prob:g}"
+    return "none" if local_steps is None else f"--local-steps {local_steps}"
+
+
+def local_misfit(
+    job: tuple[int | None, float | None], agent: tuple[int | None, float | None]
+) -> str | None:
+    """What differs between the job's local-training schedule ``(local_steps, comm_prob)``
+    and an agent's, with the fix; None when they fit or the job runs no local training."""
+    if job == (None, None) or agent == job:
+        return None
+    want = local_flag(*job)
+    return (
+        f"runs local training with {want} (AGG_LOCAL_STEPS, AGG_COMM_PROB), this agent "
+        f"{local_flag(*agent)}: run it with {want}"
+    )
+
+
 def conflict(
     info: JobInfo,
     *,
@@ -146,6 +171,7 @@ def conflict(
     compressor: str,
     batch_size: float | None = None,
     local_steps: int | None = None,
+    comm_prob: float | None = None,
 ) -> str | None:
     """One line naming the job's value, the agent's and the fix; None when they fit."""
     if info.job != job:
@@ -174,13 +200,8 @@ def conflict(
             f"(AGG_BATCH_SIZE), this agent {'full gradients' if batch_size is None else f'{batch_size:g}'}: "
             f"run it with --batch-size {info.batch_size:g}"
         )
-    if info.local_steps is not None and local_steps != info.local_steps:
-        return (
-            f"job {job} runs local training with {info.local_steps} local steps "
-            f"(AGG_LOCAL_STEPS), this agent {local_steps or 'none'}: "
-            f"run it with --local-steps {info.local_steps}"
-        )
-    return None
+    misfit = local_misfit((info.local_steps, info.comm_prob), (local_steps, comm_prob))
+    return None if misfit is None else f"job {job} {misfit}"
 
 
 @dataclass(frozen=True)
@@ -195,6 +216,7 @@ class Fit:
     compressor: str
     batch_size: float | None = None
     local_steps: int | None = None
+    comm_prob: float | None = None
 
 
 @dataclass(frozen=True)
@@ -227,6 +249,7 @@ def judge(topic: str, payload: bytes, fit: Fit) -> Verdict | None:
         compressor=fit.compressor,
         batch_size=fit.batch_size,
         local_steps=fit.local_steps,
+        comm_prob=fit.comm_prob,
     )
     give_up = None if line is None else f"agent {fit.agent_id} does not fit the job: {line}"
     return Verdict(line, give_up)

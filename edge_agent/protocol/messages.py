@@ -131,13 +131,17 @@ def _literal(*allowed: str) -> Check:
     return check
 
 
-def _bounded(check: Check, *, gt: float | None = None, ge: int | None = None) -> Check:
+def _bounded(
+    check: Check, *, gt: float | None = None, ge: int | None = None, le: float | None = None
+) -> Check:
     def bounded(v: Any) -> Any:
         out = check(v)
         if gt is not None and not out > gt:
             raise _Invalid(f"Input should be greater than {gt:g}")
         if ge is not None and not out >= ge:
             raise _Invalid(f"Input should be greater than or equal to {ge}")
+        if le is not None and not out <= le:
+            raise _Invalid(f"Input should be less than or equal to {le:g}")
         return out
 
     return bounded
@@ -314,6 +318,9 @@ class Hello(_Msg):
     batch_size: float | None = _spec(_optional(_bounded(_finite_float, gt=0)), None)
     #: local training: the local steps between messages (``--local-steps``); None: none
     local_steps: int | None = _spec(_optional(_bounded(_int, gt=0)), None)
+    #: local training with a drawn schedule: the probability of communicating after each
+    #: local step (``--comm-prob``); None: none
+    comm_prob: float | None = _spec(_optional(_bounded(_finite_float, gt=0, le=1)), None)
     ctr: int | None = _spec(_COUNTER, None)
     will_ctr: int | None = _spec(_COUNTER, None)
 

@@ -8,9 +8,12 @@ keeps the anchors exact; an agent that is not a member once the job started is r
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pytest
 
+from aggregator.engine.admission import Reject, check_hello
 from aggregator.engine.rounds import RoundEngine
 from aggregator.engine.types import EngineConfig
 from aggregator.sim.harness import FleetHarness
@@ -18,9 +21,9 @@ from edge_agent.agent.loop import Agent, AgentConfig
 from edge_agent.data import Dataset
 from edge_agent.data.datagen import make_rcv1_like, split_shards
 from edge_agent.links.profiles import load_profile
-from edge_agent.numerics.local import LocalConfig
+from edge_agent.numerics.local import LocalConfig, round_steps
 from edge_agent.numerics.models import Model, make_model
-from edge_agent.protocol import jobinfo
+from edge_agent.protocol import jobinfo, messages
 
 D = 1500
 N = 4
@@ -32,20 +35,22 @@ def _problem() -> tuple[Dataset, list[Dataset], Model]:
     return ds, shards, make_model("logreg", n_features=D, l2=1e-3)
 
 
-def _config(h: int = 5, batch: float | None = None) -> EngineConfig:
+def _config(h: int = 5, batch: float | None = None, prob: float | None = None) -> EngineConfig:
+    local = LocalConfig(local_steps=h, batch_size=batch, comm_prob=prob)
     return EngineConfig(job="lt", d=D, model="logreg", min_agents=N, feedback="local",
-                        local=LocalConfig(local_steps=h, batch_size=batch), max_rounds=500,
-                        batch_size=batch)  # fmt: skip
+                        local=local, max_rounds=500, batch_size=batch)  # fmt: skip
 
 
-def _fleet(eng: RoundEngine, h: int = 5, batch: float | None = None) -> FleetHarness:
+def _fleet(
+    eng: RoundEngine, h: int = 5, batch: float | None = None, prob: float | None = None
+) -> FleetHarness:
     _, shards, model = _problem()
     fleet = FleetHarness(eng)
     prof = load_profile("paper_payload_bits")
     for i, shard in enumerate(shards):
         cfg = AgentConfig(job="lt", agent_id=f"a{i}", compressor="signtopk", resend_s=None,
-                          local_steps=h, duty_cycle="ignore", batch_size=batch,
-                          seed=i)  # fmt: skip
+                          local_steps=None if prob is not None else h, comm_prob=prob,
+                          duty_cycle="ignore", batch_size=batch, seed=i)  # fmt: skip
         fleet.add_agent(cfg, model=model, data=shard, profile=prof)
     fleet.start()
     fleet.pump(strict=True)
@@ -137,6 +142,46 @@ def test_a_checkpoint_continues_exactly_as_the_live_engine() -> None:
         assert all(np.array_equal(a.u[m], b.u[m]) for m in a.u)
 
 
+def test_a_drawn_schedule_announces_each_rounds_steps_and_keeps_every_copy_exact() -> None:
+    """``AGG_COMM_PROB``: each LOCAL operation announces the next round's drawn count (the
+    job's stream, :func:`round_steps`), every member takes exactly that many local steps
+    and the anchor as many drift steps, so every copy stays exact and the loss falls."""
+    ds, _, model = _problem()
+    eng = RoundEngine(_config(prob=0.25))
+    with _fleet(eng, prob=0.25) as fleet:
+        start = model.loss(eng.model.x, ds)
+        _rounds(fleet, 30)
+        _exact(fleet, eng)
+        assert model.loss(eng.model.x, ds) < start - 0.05
+        draws = [round_steps(0.25, zlib.crc32(b"lt"), j) for j in range(29)]
+        assert len(set(draws)) > 2 and max(draws) > 4  # drawn, mean 4: not a fixed H
+        # the first round carries no change; round r takes the count version r announced
+        assert all(a.local is not None and a.local.gradients == sum(draws) for a in fleet.agents)
+        hub = eng.model.local_hub
+        assert hub is not None and hub.draws == 30
+        assert hub.announced == round_steps(0.25, zlib.crc32(b"lt"), 29)
+
+
+def test_a_checkpoint_continues_a_drawn_schedule_exactly() -> None:
+    """The draws made and the count announced are checkpointed: a restored engine announces
+    the same next count and closes the same next version, bit for bit."""
+    live = RoundEngine(_config(prob=0.25))
+    with _fleet(live, prob=0.25) as fleet:
+        _rounds(fleet, 9)
+        restored = RoundEngine.restore(_config(prob=0.25), live.export())
+        a, b = live.model.local_hub, restored.model.local_hub
+        assert a is not None and b is not None
+        assert (a.draws, a.announced) == (b.draws, b.announced) == (9, a.announced)
+        fleet.step()
+        for msg in list(fleet.waiting()):
+            live.handle(msg.topic, msg.payload, fleet.clock.now)
+            restored.handle(msg.topic, msg.payload, fleet.clock.now)
+        assert live.version == restored.version == 10
+        assert np.array_equal(live.model.x, restored.model.x)
+        assert np.array_equal(a.v, b.v) and np.array_equal(a.e, b.e)
+        assert (a.draws, a.announced) == (b.draws, b.announced)
+
+
 def test_a_member_that_rejoins_fresh_keeps_every_copy_exact() -> None:
     eng = RoundEngine(_config())
     with _fleet(eng) as fleet:
@@ -211,6 +256,31 @@ def test_job_settings_name_the_local_steps() -> None:
         local_steps=3,
     )
     assert fit is not None and "--local-steps 5" in fit
+
+
+@pytest.mark.parametrize(
+    ("job", "agent", "fix"),
+    [
+        ((None, 0.2), (5, None), "--comm-prob 0.2"),
+        ((None, 0.2), (None, 0.25), "--comm-prob 0.2"),
+        ((5, None), (None, 0.2), "--local-steps 5"),
+        ((None, 0.2), (None, None), "--comm-prob 0.2"),
+    ],
+)
+def test_a_hello_with_another_schedule_is_refused_naming_the_jobs(
+    job: tuple[int | None, float | None], agent: tuple[int | None, float | None], fix: str
+) -> None:
+    """A drawn schedule and a fixed one do not mix: the agent's hello is refused
+    ``wrong_local_steps`` (fatal for the agent) with the flag the job needs."""
+    hello = messages.Hello(job="lt", agent="a0", d=D, rows=10, smoothness=1.0,
+                           model="logreg", compressor="signtopk", semantics="local",
+                           local_steps=agent[0], comm_prob=agent[1])  # fmt: skip
+    with pytest.raises(Reject) as err:
+        check_hello(messages.dump(hello), agent="a0", job="lt", d=D, model="logreg",
+                    family="local", alone=False, feedback="local",
+                    local_steps=job[0], comm_prob=job[1])  # fmt: skip
+    assert err.value.reason == "wrong_local_steps" and fix in err.value.detail
+    assert "wrong_local_steps" in messages.REFUSAL_FATAL
 
 
 @pytest.mark.parametrize("bad", [{"feedback": "local"}, {"local": LocalConfig(local_steps=5)}])

@@ -153,9 +153,14 @@ def test_a_minibatch_local_job_carries_its_batch_into_local_training(
         ({"AGG_LOCAL_STEPS": "20", "AGG_BATCH_SIZE": "64"}, "fraction"),
         ({"AGG_LOCAL_STEPS": "20", "AGG_BATCH_SIZE": "0.1", "AGG_SCHEDULE_L2": "1e-3"},
          "AGG_SCHEDULE_L2"),
+        # a drawn schedule: one of the two, no minibatch, a probability
+        ({"AGG_COMM_PROB": "0.2", "AGG_LOCAL_STEPS": "5"}, "set one"),
+        ({"AGG_COMM_PROB": "0.1", "AGG_BATCH_SIZE": "0.1"}, "AGG_COMM_PROB with AGG_BATCH_SIZE"),
+        ({"AGG_COMM_PROB": "1.5"}, "AGG_COMM_PROB: Input should be less than or equal to 1"),
+        ({"AGG_COMM_PROB": "0.2", "AGG_FEEDBACK": "ef21"}, "AGG_COMM_PROB runs local training"),
     ],
 )  # fmt: skip
-def test_a_minibatch_local_job_that_would_stall_is_refused(
+def test_a_local_job_that_would_stall_or_cannot_run_is_refused(
     monkeypatch: pytest.MonkeyPatch, env: dict[str, str], needle: str
 ) -> None:
     monkeypatch.setenv("AGG_D", "10")
@@ -163,3 +168,17 @@ def test_a_minibatch_local_job_that_would_stall_is_refused(
         monkeypatch.setenv(key, value)
     with pytest.raises(SettingsError, match=needle):
         load_settings()
+
+
+def test_a_drawn_schedule_runs_local_training_with_its_probability(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``AGG_COMM_PROB`` alone makes a local-training job: feedback local, the default
+    step min(1, 2p)/L, no periodic snapshot, and the job message names the probability."""
+    monkeypatch.setenv("AGG_D", "10")
+    monkeypatch.setenv("AGG_COMM_PROB", "0.2")
+    cfg = load_settings().engine_config()
+    assert cfg.feedback == "local" and cfg.local is not None
+    assert cfg.local.comm_prob == 0.2 and cfg.local.schedule == (None, 0.2)
+    assert cfg.local.factor == pytest.approx(0.4)
+    assert cfg.snapshot_every == 0

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import zlib
 from pathlib import Path
 
 import pytest
 
 from aggregator.sim.cli import main
+from aggregator.sim.experiment import JOB
+from edge_agent.numerics.local import round_steps
 
 
 def test_local_steps_run_reports_rounds_gradients_and_bytes(
@@ -103,11 +106,22 @@ def test_local_engine_runs_the_real_engine_with_exact_copies(tmp_path: Path) -> 
     assert abs(eng["rounds"] - 1 - inproc["rounds"]) <= 2
 
 
-def test_local_engine_refuses_the_coin(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["--rows", "200", "--features", "100", "--agents", "2", "--methods", "cat-signtopk",
-            "--local-steps", "3", "--comm-prob", "0.3", "--local-engine"]  # fmt: skip
-    assert main(argv) == 2
-    assert "--local-engine" in capsys.readouterr().err
+def test_local_engine_runs_the_coin_with_the_announced_counts(tmp_path: Path) -> None:
+    """``--comm-prob`` through the real engine: each LOCAL operation announces the next
+    round's drawn count and every member takes exactly that many steps, so the gradient
+    evaluations to round k are the first k - 1 draws of the job's stream; every copy exact."""
+    out = tmp_path / "coin.json"
+    argv = ["--rows", "400", "--features", "300", "--agents", "3", "--methods", "cat-signtopk",
+            "--comm-prob", "0.3", "--local-engine", "--targets", "1e-1", "--max-rounds", "300",
+            "--no-progress", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    [rec] = json.loads(out.read_text())
+    k = rec["rounds"]
+    assert k is not None and rec["models_equal"] is True
+    seed = zlib.crc32(JOB.encode())
+    draws = [round_steps(0.3, seed, j) for j in range(k - 1)]
+    assert len(set(draws)) > 1  # drawn, not a fixed H
+    assert rec["grad_passes"] == pytest.approx(sum(draws))
 
 
 def test_local_engine_runs_at_cadence(tmp_path: Path) -> None:

@@ -360,9 +360,10 @@ class JobInfo(BaseModel):
     compressors: tuple[str, ...]
     batch_size: float | None = Field(default=None, gt=0)
     local_steps: int | None = Field(default=None, gt=0)
+    comm_prob: float | None = Field(default=None, gt=0)
 
     def dump(self) -> bytes:
-        unset = {k for k in ("batch_size", "local_steps") if getattr(self, k) is None}
+        unset = {k for k in ("batch_size", "local_steps", "comm_prob") if getattr(self, k) is None}
         return self.model_dump_json(exclude=unset or None).encode()
 
 

@@ -11,9 +11,11 @@ from edge_agent.agent.replica import Replica
 from edge_agent.errors import WireFormatError
 from edge_agent.numerics.aggregation import EF21Mirror, MeanAccumulator
 from edge_agent.numerics.compressors import compress
+from edge_agent.numerics.local import LocalCoefs
 from edge_agent.protocol import downlink, wire
 from edge_agent.protocol.downlink import (
     Add,
+    Local,
     StateSnapshot,
     Steps,
     add_op,
@@ -188,3 +190,30 @@ def test_add_op_decodes_to_the_same_update() -> None:
     op = got.ops[0]
     assert isinstance(op, Add) and op.weight == 0.25
     assert np.array_equal(op.update.dense_values(), u.dense_values())
+
+
+@pytest.mark.parametrize("ahead", [None, 1, 7, 1 << 16])
+def test_a_local_operation_carries_the_next_rounds_steps(ahead: int | None) -> None:
+    """LOCAL (code 7) for a fixed schedule, LOCAL_NEXT (code 8) with the next round's drawn
+    count: each decodes to the coefficients it was encoded from."""
+    u = compress(np.arange(1.0, 11.0), "signtopk", 3, rng=np.random.default_rng(0))
+    coefs = LocalCoefs(5, 0.25, 0.75, 0.2, 0.2, ahead)
+    op = downlink.local_op(u, coefs, job=JOB, absent=("a1",), joined=("a0", "a2"))
+    assert op[0] == (downlink.OP_LOCAL if ahead is None else downlink.OP_LOCAL_NEXT)
+    got = decode_downlink(encode_steps([op], job=JOB, d=10, base_version=3, version=4,
+                                       family="local"))  # fmt: skip
+    assert isinstance(got, Steps)
+    [local] = got.ops
+    assert isinstance(local, Local) and local.coefs == coefs
+    assert local.coefs.ahead == (5 if ahead is None else ahead)
+    assert local.absent == {downlink.member_tag("a1")}
+
+
+def test_a_local_next_count_of_zero_is_refused() -> None:
+    u = compress(np.ones(4), "signtopk", 2, rng=np.random.default_rng(0))
+    op = bytearray(downlink.local_op(u, LocalCoefs(2, 0.5, 1.0, 0.1, 0.1, 3), job=JOB))
+    assert op[:3] == bytes([downlink.OP_LOCAL_NEXT, 2, 3])
+    op[2] = 0  # the next round's count
+    msg = encode_steps([bytes(op)], job=JOB, d=4, base_version=0, version=1, family="local")
+    with pytest.raises(WireFormatError, match="out of range"):
+        decode_downlink(msg)

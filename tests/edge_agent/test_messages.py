@@ -46,6 +46,7 @@ class Hello(_Msg):
     group: str | None = Field(default=None, min_length=1, max_length=64)
     batch_size: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     local_steps: int | None = Field(default=None, gt=0)
+    comm_prob: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)  # new
     ctr: int | None = Field(default=None, ge=0)  # new
     will_ctr: int | None = Field(default=None, ge=0)  # new
 

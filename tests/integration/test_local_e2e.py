@@ -7,11 +7,14 @@ the job's, refused ``wrong_local_steps``.
 
 The same with minibatches (``AGG_LOCAL_STEPS=10 AGG_BATCH_SIZE=0.1``, agents
 ``--local-steps 10 --batch-size 0.1``: one pass of ten minibatches a round), over both
-transports; there the fourth agent runs full gradients and is refused ``wrong_batch_size``.
+transports; there the fourth agent runs full gradients and is refused ``wrong_batch_size``. And with a
+drawn schedule (``AGG_COMM_PROB=0.2``, agents ``--comm-prob 0.2``): every agent takes the
+count each broadcast announced; there the fourth agent runs ``--local-steps 5``.
 """
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
 import pytest
@@ -27,6 +30,8 @@ from e2e_helpers import (
     wait_finished,
     wait_until,
 )
+
+from edge_agent.numerics.local import round_steps
 
 pytestmark = pytest.mark.integration
 
@@ -49,13 +54,18 @@ BATCH = ({"local_steps": 10, "batch_size": 0.1},
          (WIFI, None, WIFI),
          (["--local-steps", "10", "--compressor", "signtopk"], "wrong_batch_size",
           "--batch-size 0.1"))  # fmt: skip
+#: a drawn schedule (``AGG_COMM_PROB``): each broadcast announces the next round's count
+COIN = ({"comm_prob": 0.2}, ["--comm-prob", "0.2", "--compressor", "signtopk"],
+        (WIFI, None, WIFI),
+        (["--local-steps", "5", "--compressor", "signtopk"], "wrong_local_steps",
+         "--comm-prob 0.2"))  # fmt: skip
 Case = tuple[dict[str, object], list[str], tuple[str | None, ...], tuple[list[str], str, str]]
 
 
 @pytest.mark.parametrize(
     ("transport", "case"),
-    [("mqtt", FULL), ("zmq", FULL), ("mqtt", BATCH), ("zmq", BATCH)],
-    ids=["mqtt", "zmq", "mqtt-minibatch", "zmq-minibatch"],
+    [("mqtt", FULL), ("zmq", FULL), ("mqtt", BATCH), ("zmq", BATCH), ("mqtt", COIN), ("zmq", COIN)],
+    ids=["mqtt", "zmq", "mqtt-minibatch", "zmq-minibatch", "mqtt-coin", "zmq-coin"],
 )
 def test_a_local_training_fleet_trains_with_exact_anchors(
     transport: str, case: Case, request: pytest.FixtureRequest, tmp_path: Path
@@ -104,3 +114,8 @@ def test_a_local_training_fleet_trains_with_exact_anchors(
             for a in fleet.agents:
                 passes, rounds = a.summary()["gradient_passes"], a.summary()["rounds"]
                 assert 0 < passes <= rounds and passes == int(passes), a.summary()
+        if "comm_prob" in settings:  # round r takes the count version r announced
+            draws = [round_steps(0.2, zlib.crc32(b"loc"), j) for j in range(MAX_ROUNDS)]
+            for a in fleet.agents:
+                passes, rounds = a.summary()["gradient_passes"], a.summary()["rounds"]
+                assert passes == sum(draws[: rounds - 1]), a.summary()
