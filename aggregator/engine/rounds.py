@@ -273,6 +273,13 @@ class RoundEngine(EngineView):
             return _JOURNAL_ONLY if self.registry.refresh(agent, now) else _NOTHING
         if isinstance(verdict, Answer):
             self._reject(verdict.reason, verdict.detail, agent)
+            info = self.registry.get(agent)
+            if (
+                verdict.reason == "stale"
+                and info is not None
+                and self.traffic.defer_stale(info, verdict.have)
+            ):
+                return Effects(reason=verdict.reason)
             out = self._answer(agent, verdict.have, now, controls=verdict.controls)
             return Effects(outbound=out, reason=verdict.reason)
         told = self._rejoin(agent, drop=verdict.drop)

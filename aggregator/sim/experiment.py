@@ -56,6 +56,7 @@ import heapq
 import math
 import secrets
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -79,10 +80,16 @@ from aggregator.sim.harness import FleetHarness
 from aggregator.sim.hostile import make_hostile
 from aggregator.sim.methods import Method
 from aggregator.sim.problem import Fleet, Problem, agent_seed
-from aggregator.sim.timing import receives_while_silent, reception_ends, uplink_arrivals
+from aggregator.sim.timing import (
+    cap_spacing_s,
+    receives_while_silent,
+    reception_ends,
+    uplink_arrivals,
+)
 from edge_agent.agent.loop import Agent, AgentConfig, RoundLog
 from edge_agent.links.cost import COST_FIELDS, Cost
 from edge_agent.numerics.local import LocalConfig
+from edge_agent.protocol import topics
 from edge_agent.protocol.signing import KEY_BYTES, CountingSigner, Signer
 from edge_agent.transports import Message
 
@@ -347,6 +354,10 @@ def _train(
         busy = [a - b for a, b in zip(down_busy_s(agents), down_before, strict=True)]
         ends = reception_ends(clock.now, busy, [a.radio_free_at for a in agents],
                               [receives_while_silent(a.profile) for a in agents])  # fmt: skip
+        ends = [
+            max(end, own_delivered_at(engine, a, sent_at))
+            for end, a in zip(ends, agents, strict=True)
+        ]
         heard = clock.now + max(0.0, *busy)  # every reception over, had none waited
         done_at = max(clock.now, *ends)
         book.down_wait_s += min(heard, done_at) - sent_at
@@ -355,6 +366,14 @@ def _train(
         if engine.version != version + 1:
             return k, f"engine stopped at version {engine.version}: {engine.finish_reason}", f_k
         k += 1
+
+
+def own_delivered_at(engine: RoundEngine, agent: Agent, since: float) -> float:
+    """When what was addressed to a group member alone after ``since`` has all reached it
+    on its own unicast link (its last frame, under its network's daily cap); ``since``
+    when nothing was (the engine paces that link without holding the versions)."""
+    own = engine.traffic.own_free_at(agent.config.agent_id)
+    return own - cap_spacing_s(agent.profile) if own > since else since
 
 
 class _Events:
@@ -366,29 +385,56 @@ class _Events:
         self.sent = 0
         #: local-training changes refused stale (their version closed while on air)
         self.stale = 0
-        self.ready_at = [0.0] * len(harness.agents)  # each agent's reception is over
+        #: each agent's reception of everything published so far is over then
+        self.ready_at = [0.0] * len(harness.agents)
+        #: per agent, what it is receiving: (when its reception ends, the message), in order
+        self.incoming: list[deque[tuple[float, Message]]] = [deque() for _ in harness.agents]
 
     def receive(self, now: float) -> None:
-        """Every agent handles what was published; its reception ends after its downlink
-        time (airtime received plus the senders' silence)."""
+        """Every agent prices what was published as it goes on air and applies each message
+        when its reception ends: after its downlink time (airtime received plus the
+        senders' silence), one message after another, a class A member's not before its
+        silence is over (timing), and a group member's own unicast messages not before
+        their last frame arrived under its daily cap (the engine paces that link without
+        holding the fleet's versions). A member thus holds each version when it has
+        received it, and may answer it while the next one is still arriving."""
+        engine = self.harness.engine
         for i, agent in enumerate(self.harness.agents):
-            before = agent.ledger.down.airtime_s + agent.ledger.sender_silence_s
             while (msg := agent.transport.recv(timeout_s=0)) is not None:
-                agent.handle(msg)
-            busy = agent.ledger.down.airtime_s + agent.ledger.sender_silence_s - before
-            if busy > 0.0:  # a class A member's reception waits for its silence (timing)
-                start = max(self.ready_at[i], now)
-                self.ready_at[i] = reception_ends(start, [busy], [agent.radio_free_at],
-                                                  [receives_while_silent(agent.profile)])[0]  # fmt: skip
+                cost = agent.price(msg)
+                busy = cost.cost.airtime_s + cost.silence_s
+                end = start = max(self.ready_at[i], now)
+                if busy > 0.0:
+                    end = reception_ends(start, [busy], [agent.radio_free_at],
+                                         [receives_while_silent(agent.profile)])[0]  # fmt: skip
+                if msg.topic == topics.to_agent(JOB, agent.config.agent_id):
+                    end = max(end, own_delivered_at(engine, agent, now))
+                self.ready_at[i] = end
+                self.incoming[i].append((end, msg))
+            self.deliver(i, agent, now)
 
-    def may_send(self, i: int, agent: Agent, now: float) -> bool:
-        return agent.due and now >= self.ready_at[i] and now >= agent.radio_free_at
+    def deliver(self, i: int, agent: Agent, now: float | None) -> None:
+        """``agent`` applies what it has received by ``now`` (None: everything)."""
+        queue = self.incoming[i]
+        while queue and (now is None or queue[0][0] <= now):
+            agent.apply(queue.popleft()[1])
+
+    def flush(self) -> None:
+        """Every agent applies everything published (the end of a run)."""
+        for i, agent in enumerate(self.harness.agents):
+            self.deliver(i, agent, None)
+
+    def may_send(self, agent: Agent, now: float) -> bool:
+        """Due (a version it holds is not answered yet) and its radio free: it answers the
+        version it holds, even while a newer one is arriving (it cannot know; the engine
+        refuses a local change whose version closed meanwhile as ``stale``)."""
+        return agent.due and now >= agent.radio_free_at
 
     def send(self, now: float) -> list[RoundLog]:
         """Every agent that may send does; its update goes on air."""
         logs: list[RoundLog] = []
-        for i, agent in enumerate(self.harness.agents):
-            if not self.may_send(i, agent, now):
+        for agent in self.harness.agents:
+            if not self.may_send(agent, now):
                 continue
             entry = agent.step()
             if entry is None:
@@ -422,10 +468,11 @@ class _Events:
         times: list[tuple[float, bool]] = []
         if self.on_air:
             times.append((self.on_air[0][0], False))
-        for i, agent in enumerate(self.harness.agents):
+        for queue, agent in zip(self.incoming, self.harness.agents, strict=True):
+            if queue:
+                times.append((queue[0][0], True))
             if agent.due:
-                ready = self.ready_at[i]
-                times.append((max(ready, agent.radio_free_at), ready > agent.radio_free_at))
+                times.append((agent.radio_free_at, False))
         if engine.next_version_at > now:
             times.append((engine.next_version_at, True))
         later = [(t, down) for t, down in times if t > now]
@@ -458,6 +505,7 @@ def _train_at_cadence(
             if reason is None and engine.state == "finished":
                 reason = f"engine stopped at version {k}: {engine.finish_reason}"
             if reason is not None:
+                events.flush()  # every copy after its receptions (the run's end checks)
                 return k, reason, f_k
             book.add_version()
         logs = events.send(clock.now)
@@ -552,7 +600,8 @@ def run_method(
         }
         # the law's time includes what the last messages owe (module doc): lockstep too, whose
         # clock stops before the last round's uplink (its updates are in the ledgers)
-        owed = (a.radio_free_at for a in harness.agents)
+        owed = [a.radio_free_at for a in harness.agents]
+        owed += [engine.traffic.free_at(a.config.agent_id) for a in harness.agents]
         elapsed_s = max(harness.clock.now, book.trace.sim_time_s[-1], engine.next_version_at, *owed)
         margins = audit(harness.agents, engine.traffic.groups, group_of, elapsed_s)
         return RunResult(

@@ -26,7 +26,18 @@ from collections.abc import Sequence
 
 from edge_agent.links.profiles import CostProfile
 
-__all__ = ["receives_while_silent", "reception_ends", "uplink_arrivals"]
+__all__ = ["cap_spacing_s", "receives_while_silent", "reception_ends", "uplink_arrivals"]
+
+
+def cap_spacing_s(profile: CostProfile) -> float:
+    """The time between two downlinks its network allows a member on its own unicast link
+    (86,400 s over the daily cap; 0.0 without a cap): the last frame of what was addressed
+    to it arrives that long before the engine counts its link free again (the engine paces
+    a link by the cap's share of a day per frame, aggregator.engine.downlink.broadcast)."""
+    down = profile.downlink
+    if down is None or down.max_messages_per_day is None:
+        return 0.0
+    return 86_400.0 / down.max_messages_per_day
 
 
 def receives_while_silent(profile: CostProfile) -> bool:

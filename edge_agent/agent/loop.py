@@ -312,12 +312,24 @@ class Agent:
     # ------------------------------------------------------------------ inbound
 
     def handle(self, msg: Message) -> None:
-        """Apply one inbound message. A bad one is counted, logged and dropped, never raised.
+        """One inbound message: :meth:`price` it, then :meth:`apply` it."""
+        self.price(msg)
+        self.apply(msg)
 
-        Whatever arrives was received over the radio: it is priced on the profile's
-        downlink part and goes into the ledger's ``down`` direction, applied or not."""
+    def price(self, msg: Message) -> MessageCost:
+        """What receiving ``msg`` cost, into the ledger's ``down`` direction, applied or not:
+        whatever arrives was received over the radio, priced on the profile's downlink part
+        (a job-wide message on the shared group's, if any). The simulator prices a message
+        when it is published and applies it when its reception ends."""
         mine = msg.topic == self._topic_to
-        self.ledger.received(self.profile.receive_cost(len(msg.payload), job_wide=not mine))
+        cost = self.profile.receive_cost(len(msg.payload), job_wide=not mine)
+        self.ledger.received(cost)
+        return cost
+
+    def apply(self, msg: Message) -> None:
+        """Act on one inbound message (priced by :meth:`price`). A bad one is counted,
+        logged and dropped, never raised."""
+        mine = msg.topic == self._topic_to
         try:
             payload = self.signatures.admit(msg.topic, msg.payload)
             if payload is None:  # not the aggregator's word: counted, never acted on

@@ -61,3 +61,33 @@ def test_a_member_without_a_shared_part_is_paced_per_device() -> None:
     eng.charge_downlink([_job_wide()], 0.0)
     assert eng.traffic.groups == {}
     assert eng.next_version_at >= 86_400.0 * 34 / 10  # TTN: 34 frames at 10 a day
+
+
+def test_an_answer_to_a_member_holds_its_own_link_not_the_versions() -> None:
+    """What is addressed to a group member goes on its own unicast link, under its daily
+    cap (TTN: 10 a day), but the versions reach it on the group: the next version does not
+    wait for that link (it held a 100-agent fleet 2.4 days for one member's catch-up). An
+    answer to a unicast agent still holds them: its versions use that very link."""
+    eng = _engine({"a": GROUP, "u": UNICAST})
+    frames = resolve_profile(GROUP).downlink_cost(SIZE).packets
+    eng.charge_downlink([Outbound(topics.to_agent(JOB, "a"), b"x" * SIZE, target="a")], 0.0)
+    assert eng.next_version_at == 0.0
+    assert eng.traffic.own_free_at("a") == eng.traffic.free_at("a") >= 86_400.0 * frames / 10
+    restored = RoundEngine.restore(eng.config, eng.export(), profiles=resolve_profile)
+    assert restored.traffic.own_free_at("a") == eng.traffic.own_free_at("a")  # checkpointed
+    eng.charge_downlink([Outbound(topics.to_agent(JOB, "u"), b"x" * SIZE, target="u")], 0.0)
+    assert eng.next_version_at >= 86_400.0 * frames / 10
+    assert eng.traffic.own_free_at("u") == 0.0
+
+
+def test_a_members_stale_update_is_answered_only_when_it_is_sent_again() -> None:
+    """A stale update (its version closed without it) of a group member is not answered
+    the first time (the versions since reach it on its group); the same round again means
+    it missed them, and is answered with the catch-up. A unicast agent is always answered."""
+    eng = _engine({"a": GROUP, "u": UNICAST})
+    member, unicast = eng.registry.get("a"), eng.registry.get("u")
+    assert member is not None and unicast is not None
+    assert eng.traffic.defer_stale(member, 3) is True
+    assert eng.traffic.defer_stale(member, 3) is False  # a re-send: it missed the versions
+    assert eng.traffic.defer_stale(member, 4) is True
+    assert eng.traffic.defer_stale(unicast, 3) is False

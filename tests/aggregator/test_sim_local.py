@@ -132,7 +132,7 @@ def test_local_engine_runs_at_cadence(tmp_path: Path) -> None:
     argv = ["--rows", "400", "--features", "300", "--agents", "4", "--profiles",
             "lorawan_eu868_dr0_sf12,ble5_2m_dle_notify", "--multicast",
             "lorawan_eu868_dr0_sf12_mcast_c_dr3", "--methods", "cat-signtopk", "--local-steps",
-            "3", "--local-engine", "--cadence", "--round-deadline", "60", "--targets", "1e-1",
+            "3", "--local-engine", "--cadence", "--round-deadline", "3000", "--targets", "1e-1",
             "--max-rounds", "400", "--no-progress", "--json", str(out)]  # fmt: skip
     assert main(argv) == 0
     [rec] = json.loads(out.read_text())
@@ -150,7 +150,7 @@ def test_a_local_change_that_arrives_after_its_version_closed_is_refused_stale(
     argv = ["--rows", "2000", "--features", "2000", "--agents", "40", "--profiles",
             "lorawan_eu868_dr5_sf7,lorawan_eu868_dr0_sf12,ble5_2m_dle_notify,nbiot_udp_psm_rai",
             "--multicast", "lorawan_eu868_dr0_sf12_mcast_c_dr3", "--methods", "cat-signtopk",
-            "--local-steps", "3", "--local-engine", "--cadence", "--round-deadline", "300",
+            "--local-steps", "3", "--local-engine", "--cadence", "--round-deadline", "1000",
             "--targets", "1e-1", "--max-rounds", "300", "--no-progress", "--json", str(out)]  # fmt: skip
     assert main(argv) == 0
     [rec] = json.loads(out.read_text())

@@ -85,7 +85,8 @@ def test_a_short_round_deadline_does_not_wait_for_the_slow_member(tmp_path: Path
     slow = _run(tmp_path, "slow", "--multicast", GROUP, "--cadence", "--round-deadline", "1e5")
     assert fast["rounds"] is not None and slow["rounds"] is not None
     assert fast["sim_time_s"] < slow["sim_time_s"] / 2  # the SF12 member's silence, skipped
-    assert fast["bytes"] < slow["bytes"]  # it reports in fewer versions (bytes: sent)
+    # the versions advance without it: more of them, most without the SF12 member's change
+    assert fast["rounds"] > slow["rounds"]
     assert min(fast["audit_worst_margin"], slow["audit_worst_margin"]) >= 0.0
 
 

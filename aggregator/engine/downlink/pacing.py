@@ -161,11 +161,18 @@ class DownlinkTraffic:
         self._totals_down = ZERO  # what the agents received, summed over agents
         self._next_version_at = 0.0
         self._free_at: dict[str, float] = {}  # per agent: its downlink is free again
+        #: per member of a shared downlink group: its own unicast link is free again (what
+        #: is addressed to it alone; job-wide messages reach it on the group, so no version
+        #: waits for this link)
+        self._own_free_at: dict[str, float] = {}
         self._limit: dict[str, DownlinkLimit] = {}  # per agent: what set its free-at time
         self._held_since: float | None = None  # a closable round waits for downlinks
         #: agents a hold stopped waiting for (max_hold_s): not charged for job-wide
         #: messages, nor waited for, while their downlink is busy; they catch up later
         self._released: set[str] = set()
+        #: per group member: the round of its last stale update left unanswered
+        #: (:meth:`defer_stale`; in memory only, like the snapshot answers' rate limit)
+        self._stale_deferred: dict[str, int] = {}
         #: per shared downlink group: its sender's account (messages, airtime_s, busy_s)
         self._groups: dict[str, dict[str, float]] = {}
 
@@ -180,8 +187,15 @@ class DownlinkTraffic:
         return self._next_version_at
 
     def free_at(self, agent: str) -> float:
-        """When ``agent``'s downlink is free again (0.0: never charged)."""
-        return self._free_at.get(agent, 0.0)
+        """When ``agent``'s downlink is free again (0.0: never charged): the link job-wide
+        messages reach it on, or, for a group member, its own unicast link if that is later
+        (what was addressed to it alone is over then)."""
+        return max(self._free_at.get(agent, 0.0), self._own_free_at.get(agent, 0.0))
+
+    def own_free_at(self, agent: str) -> float:
+        """When a group member's own unicast link is free again (0.0: nothing was addressed
+        to it, or it is not a member of a group)."""
+        return self._own_free_at.get(agent, 0.0)
 
     def _skipped(self, agent: str, now: float) -> bool:
         """Whether a hold released ``agent`` and its downlink is still busy at ``now``."""
@@ -274,6 +288,20 @@ class DownlinkTraffic:
             self.withheld += 1
         return (*out, *self.to(agent, extra))
 
+    def defer_stale(self, info: AgentInfo, round: int) -> bool:
+        """Whether a stale update (for ``round``, a version that closed without it) of
+        ``info``'s agent goes unanswered: yes the first time for a member of a shared
+        downlink group, which hears the versions since on its group (answering it with the
+        merged steps on its own unicast link would take, under a LoRaWAN network's daily
+        cap, days for what it is receiving anyway); a re-send of that round means it missed
+        them, and is answered as any stale update. Other agents are always answered."""
+        if self.group_of(info) is None or self._stale_deferred.get(info.agent) == round:
+            return False
+        if len(self._stale_deferred) >= MAX_TRACKED and info.agent not in self._stale_deferred:
+            self._stale_deferred.clear()  # bounded: the worst case is one answer too many
+        self._stale_deferred[info.agent] = round
+        return True
+
     def to(self, agent: str, outbound: Sequence[Outbound]) -> list[Outbound]:
         """``outbound`` addressed to ``agent`` alone."""
         return [addressed(o, self.job, agent) for o in outbound]
@@ -342,7 +370,9 @@ class DownlinkTraffic:
         shared downlink group (its sender's airtime once, each member its energy) and
         unicast to every other agent; what is addressed to one agent goes on its unicast
         downlink. With pacing (and ``now``) the next version waits until every unicast
-        link and every group's downlink is free again."""
+        link and every group's downlink is free again; a group member's own unicast link
+        (what is addressed to it alone) is paced too, but no version waits for it: the
+        version reaches that member on the group."""
         pace = now is not None and self.pacing
         for target, size in items:
             if target is not None:
@@ -352,8 +382,8 @@ class DownlinkTraffic:
                 receivers = agents.live()
             members: dict[str, list[AgentInfo]] = {}
             for info in receivers:
-                group = None if target is not None else self.group_of(info)
-                if group is not None:
+                group = self.group_of(info)
+                if group is not None and target is None:
                     members.setdefault(group, []).append(info)
                     continue
                 if target is None and now is not None and self._skipped(info.agent, now):
@@ -361,7 +391,8 @@ class DownlinkTraffic:
                 self._receive(info, size, shared=False, agents=agents)
                 if pace:
                     assert now is not None
-                    self._pace(info.agent, info.hello.profile, size, now)
+                    self._pace(info.agent, info.hello.profile, size, now,
+                               holds_versions=group is None)  # fmt: skip
             for group, infos in members.items():
                 self._send_group(group, infos, size, now if pace else None, agents)
 
@@ -401,13 +432,20 @@ class DownlinkTraffic:
             interval, limit = shared_limit(shared, size)
             self._occupy(key, interval, limit, now)
 
-    def _pace(self, agent: str, profile_name: str, size: int, now: float) -> None:
+    def _pace(
+        self, agent: str, profile_name: str, size: int, now: float, *, holds_versions: bool
+    ) -> None:
         """The agent's downlink is busy for one more message: its link is free again after
-        the message's interval; the next version waits for every live link."""
+        the message's interval; the next version waits for every live link that carries
+        job-wide messages (``holds_versions``; not a group member's own unicast link)."""
         profile = self._pricer.profile(profile_name)
-        if profile is not None:
-            interval, limit = downlink_limit(profile, size)
+        if profile is None:
+            return
+        interval, limit = downlink_limit(profile, size)
+        if holds_versions:
             self._occupy(agent, interval, limit, now)
+        else:
+            self._own_free_at[agent] = max(now, self._own_free_at.get(agent, 0.0)) + interval
 
     def _occupy(self, key: str, interval: float, limit: DownlinkLimit, now: float) -> None:
         """The downlink ``key`` (an agent, or ``@group``) is busy ``interval`` more seconds."""
@@ -425,6 +463,7 @@ class DownlinkTraffic:
             "totals_down": self._totals_down.to_dict(),
             "next_version_at": self._next_version_at,
             "down_free_at": dict(self._free_at),
+            "down_own_free_at": dict(self._own_free_at),
             "down_limit": dict(self._limit),
             "held_since": self._held_since,
             "down_released": sorted(self._released),
@@ -436,6 +475,8 @@ class DownlinkTraffic:
         self._totals_down = Cost.from_dict(meta.get("totals_down"))
         self._next_version_at = float(meta.get("next_version_at", 0.0))
         self._free_at = {str(a): float(t) for a, t in meta.get("down_free_at", {}).items()}
+        own = meta.get("down_own_free_at", {})
+        self._own_free_at = {str(a): float(t) for a, t in own.items()}
         self._limit = dict(meta.get("down_limit", {}))
         held = meta.get("held_since")
         self._held_since = None if held is None else float(held)
