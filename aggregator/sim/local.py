@@ -89,14 +89,17 @@ def add_local_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         metavar="H",
         help="local gradient steps per communication; runs the methods under LoCoDL with "
-        "an in-process aggregator (not the engine). Default: one message per gradient",
+        "an in-process aggregator (with --local-engine: the real engine). Default: one "
+        "message per gradient",
     )
     g.add_argument(
         "--comm-prob",
         type=float,
         metavar="P",
-        help="with --local-steps: communicate after each step with probability P instead "
-        "of every H-th step (Scaffnew/ProxSkip's coin)",
+        help="local training with Scaffnew/ProxSkip's coin instead of every H-th step "
+        "(--local-steps is then not needed: H plays no part): in process, a coin after "
+        "each step; with --local-engine, each round's count drawn by the aggregator and "
+        "announced with the broadcast, as AGG_COMM_PROB does",
     )
     g.add_argument(
         "--local-step-factor",
@@ -121,8 +124,8 @@ def add_local_arguments(p: argparse.ArgumentParser) -> None:
         "--local-engine",
         action="store_true",
         help="run local training through the real round engine and agents, as the service "
-        "does (AGG_LOCAL_STEPS, edge-agent run --local-steps): every H steps, a = 1, LoCoDL, "
-        "sparse compressors; the engine path's table and JSON",
+        "does (AGG_LOCAL_STEPS or AGG_COMM_PROB, edge-agent run --local-steps or "
+        "--comm-prob): a = 1, LoCoDL, sparse compressors; the engine path's table and JSON",
     )
 
 
