@@ -317,7 +317,6 @@ class JobModel:
             local = {
                 "gamma": state["gamma"],
                 "draws": state["draws"],
-                "announced": state["announced"],
                 "absences": state["absences"],
                 "e": b64_array(state["e"]),
             }
@@ -363,6 +362,6 @@ class JobModel:
         v = snap.sum_h if snap.sum_h.size else np.zeros(d)
         if e is None:
             raise ValueError("local-training state: e does not fit d")
-        keep = ("gamma", "draws", "announced", "absences")
+        keep = ("gamma", "draws", "absences")
         self._local.restore({**{k: saved.get(k) for k in keep},
                              "u_agents": snap.h_agents, "u": snap.h, "v": v, "e": e})  # fmt: skip

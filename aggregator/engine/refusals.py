@@ -70,7 +70,7 @@ def job_info(config: EngineConfig) -> Outbound | None:
     known until the first hello, and engines built without it announce nothing)."""
     if config.feedback == "any":
         return None
-    local_steps, comm_prob = (None, None) if config.local is None else config.local.schedule
+    local_steps, comm_prob = config.local_schedule
     info = jobinfo.JobInfo(
         job=config.job,
         d=config.d,

@@ -200,7 +200,7 @@ class AgentRegistry:
         job (:func:`~aggregator.engine.admission.check_hello`), it claims nothing its last
         hello did not, and when ``signed`` its counter increases. Changes nothing."""
         cfg = config
-        local_steps, comm_prob = (None, None) if cfg.local is None else cfg.local.schedule
+        local_steps, comm_prob = cfg.local_schedule
         hello = admission.check_hello(text, agent=agent, job=cfg.job, d=cfg.d, model=cfg.model,
                                       family=family, alone=self.only(agent),
                                       fixed_step=cfg.step_size is not None, limits=cfg.limits,

@@ -171,6 +171,12 @@ class EngineConfig:
                 raise ValueError(f"EngineConfig: {msg}")
 
     @property
+    def local_schedule(self) -> tuple[int | None, float | None]:
+        """The local-training schedule ``(local_steps, comm_prob)`` the job announces and
+        every hello must say (:attr:`LocalConfig.schedule`); ``(None, None)`` without."""
+        return (None, None) if self.local is None else self.local.schedule
+
+    @property
     def participation_span(self) -> int:
         """Versions a member counts as taking part after its last update (a local-training
         member: communications it may miss in a row): ``participation_window``, or with

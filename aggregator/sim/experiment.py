@@ -204,6 +204,7 @@ def open_fleet(
         x0=model.initial_point(),
         profiles=lookup.get,
     )
+    local_steps, comm_prob = engine.config.local_schedule  # what every agent's hello says
     keys: tuple[bytes, ...] = ()
     seal = None
     if sign_downlink:
@@ -227,8 +228,8 @@ def open_fleet(
                 batch_size=batch_size,
                 schedule_t0=schedule_t0 if method.ef_model_units else None,  # +ef:model
                 aggregator_keys=keys,
-                local_steps=None if local is None else local.schedule[0],
-                comm_prob=None if local is None else local.schedule[1],
+                local_steps=local_steps,
+                comm_prob=comm_prob,
             )
             harness.add_agent(
                 config,

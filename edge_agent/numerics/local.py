@@ -398,10 +398,8 @@ class LocalHub:
         self.max_absent = max_absent
         #: the stream of the rounds' step counts under ``cfg.comm_prob`` (:func:`round_steps`)
         self.seed = seed
-        #: communications so far (the next draw's number), and the step count the last one
-        #: announced for the open round (None: none yet)
+        #: communications so far: the number of the next draw
         self.draws = 0
-        self.announced: int | None = None
         self.v: FloatArray = np.zeros(d)
         self.e: FloatArray = np.zeros(d)
         #: the members' mirrored control variates, in the order they joined
@@ -416,6 +414,13 @@ class LocalHub:
     @property
     def n(self) -> int:
         return len(self.u)
+
+    @property
+    def announced(self) -> int | None:
+        """The step count the last communication announced for the open round, under a
+        communication probability (None: none yet, or a fixed schedule): the last draw."""
+        p = self.cfg.comm_prob
+        return None if p is None or self.draws == 0 else round_steps(p, self.seed, self.draws - 1)
 
     def accepted(self, agent: str, update: Update) -> None:
         """An agent's change ``d_i`` entered the open round."""
@@ -473,7 +478,6 @@ class LocalHub:
         y[...] = y_new
         self.v, self._sent, self.gamma = v_new, {}, coefs.gamma
         self.draws += 1
-        self.announced = coefs.next_steps
         return cast, Roster(absent, joined, left)
 
     def _roster(self, c: float) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -524,14 +528,13 @@ class LocalHub:
         return total + n * a * self.v + (1.0 + a) * n * c * self.e
 
     def export(self) -> dict[str, Any]:
-        """JSON-able meta (gamma, absences, the step counts' draws and the announced one)
-        and the arrays ``v``, ``e`` and the mirrors."""
+        """JSON-able meta (gamma, absences, the step counts' draws) and the arrays ``v``,
+        ``e`` and the mirrors."""
         agents = tuple(self.u)
         u = np.stack([self.u[a] for a in agents]) if agents else np.zeros((0, self.d))
         return {
             "gamma": self.gamma,
             "draws": self.draws,
-            "announced": self.announced,
             "absences": dict(self.absences),
             "u_agents": agents,
             "u": u,
@@ -551,11 +554,9 @@ class LocalHub:
             raise ValueError("local-training state contains nan or inf")
         gamma = data.get("gamma")
         self.gamma = None if gamma is None else float(gamma)
-        announced = data.get("announced")
         self.draws = int(data.get("draws") or 0)
-        self.announced = None if announced is None else int(announced)
-        if self.draws < 0 or not (self.announced is None or 1 <= self.announced <= MAX_ROUND_STEPS):
-            raise ValueError("local-training state: step counts out of range")
+        if self.draws < 0:
+            raise ValueError("local-training state: a negative number of draws")
         absences = data.get("absences") or {}
         self.u = {a: u[i].copy() for i, a in enumerate(agents)}
         self.absences = {a: int(absences.get(a, 0)) for a in agents}
