@@ -20,6 +20,13 @@ for a duty cycle, as ETSI EN 300 220 counts it; a day for a daily cap): a run of
 windows may use ``n + 1`` windows' allowance when it starts at a window's beginning and
 ends at another's end. Totals over the run, not every sliding window: a margin near 0
 says a window may still break it.
+
+Each limit also gives its **floor** (:attr:`Margin.floor_s`): the shortest run in which what
+was used stays within it, ``used / rate - window`` (``rate``: the allowance per second).
+The largest floor of a run is the time the law alone imposes on what its members sent and
+received, however well the rounds were scheduled: a run whose time is close to its floor
+waits for the law, not for the engine (docs/results.md, "Unicast on The Things Network:
+what the law allows").
 """
 
 from __future__ import annotations
@@ -35,16 +42,35 @@ HOUR_S = 3_600.0
 
 @dataclass(frozen=True)
 class Margin:
-    """One limit: what it is (``limit``, ``who``), what was used and allowed."""
+    """One limit: what it is (``limit``, ``who``), what was used and allowed; ``rate_per_s``:
+    the allowance per second of the run, ``window_s``: the one window's allowance added to
+    it (``allowed = rate_per_s * (elapsed_s + window_s)``)."""
 
     limit: str
     who: str
     used: float
     allowed: float
+    rate_per_s: float = 0.0
+    window_s: float = 0.0
 
     @property
     def margin(self) -> float:
         return 1.0 - self.used / self.allowed if self.allowed > 0 else -float(self.used > 0)
+
+    @property
+    def floor_s(self) -> float:
+        """The shortest run in which ``used`` keeps this limit (0.0: it never binds; inf: a
+        limit that allows nothing was used)."""
+        if self.used <= 0.0:
+            return 0.0
+        if self.rate_per_s <= 0.0:
+            return float("inf")
+        return max(0.0, self.used / self.rate_per_s - self.window_s)
+
+    def to_dict(self) -> dict[str, float | str]:
+        """The JSON record of ``aggregator simulate --json`` (its ``law`` list)."""
+        return {"limit": self.limit, "who": self.who, "used": self.used,
+                "allowed": self.allowed, "margin": self.margin, "floor_s": self.floor_s}  # fmt: skip
 
 
 def audit(
@@ -56,17 +82,23 @@ def audit(
     """Every limit's :class:`Margin` after ``elapsed_s`` simulated seconds. ``groups``: the
     engine's group accounts; ``group_of``: each agent's group (None: unicast)."""
     out: list[Margin] = []
-    duty_s, days = elapsed_s + HOUR_S, elapsed_s / DAY_S + 1.0
+
+    def duty(limit: str, who: str, used: float, share: float) -> None:
+        out.append(Margin(limit, who, used, share * (elapsed_s + HOUR_S), share, HOUR_S))
+
+    def daily(limit: str, who: str, used: float, per_day: float) -> None:
+        out.append(Margin(limit, who, used, per_day * (elapsed_s + DAY_S) / DAY_S,
+                          per_day / DAY_S, DAY_S))  # fmt: skip
+
     shared_seen: set[str] = set()
     for a in agents:
         p, me = a.profile, a.config.agent_id
         if p.duty_cycle is not None:  # the law, apart from any fair-use cap below
             share = min(1.0, p.duty_cycle * p.duty_cycle_bands)
-            out.append(Margin("uplink duty cycle", me, a.ledger.up.airtime_s,
-                              share * duty_s))  # fmt: skip
+            duty("uplink duty cycle", me, a.ledger.up.airtime_s, share)
         cap_s = p.uplink_airtime_per_day_s
         if cap_s is not None:  # a network's fair-use cap (TTN: 30 s a day)
-            out.append(Margin("uplink fair-use cap", me, a.ledger.up.airtime_s, cap_s * days))
+            daily("uplink fair-use cap", me, a.ledger.up.airtime_s, cap_s)
         group = group_of.get(me)
         acct = groups.get(group) if group is not None else None
         frames = 0.0 if acct is None else acct["frames"]
@@ -75,21 +107,17 @@ def audit(
         down = p.downlink
         if down is not None and down.sender_duty_cycle is not None:
             unicast_air = a.ledger.down.airtime_s - group_air
-            out.append(Margin("downlink sender duty cycle", me, unicast_air,
-                              down.sender_duty_cycle * duty_s))  # fmt: skip
+            duty("downlink sender duty cycle", me, unicast_air, down.sender_duty_cycle)
         if p.max_downlinks_per_day is not None:
-            out.append(Margin("unicast daily cap", me, a.ledger.down.packets - frames,
-                              p.max_downlinks_per_day * days))  # fmt: skip
+            daily("unicast daily cap", me, a.ledger.down.packets - frames, p.max_downlinks_per_day)
         if acct is None or shared is None or group in shared_seen:
             continue
         assert group is not None
         shared_seen.add(group)
         if shared.sender_duty_cycle is not None:
-            out.append(Margin("group sender duty cycle", group, acct["airtime_s"],
-                              shared.sender_duty_cycle * duty_s))  # fmt: skip
+            duty("group sender duty cycle", group, acct["airtime_s"], shared.sender_duty_cycle)
         if shared.max_messages_per_day is not None:
-            out.append(Margin("group daily cap", group, acct["frames"],
-                              shared.max_messages_per_day * days))  # fmt: skip
+            daily("group daily cap", group, acct["frames"], shared.max_messages_per_day)
     return out
 
 
@@ -98,4 +126,10 @@ def worst(margins: Sequence[Margin]) -> Margin | None:
     return min(margins, key=lambda m: m.margin, default=None)
 
 
-__all__ = ["Margin", "audit", "worst"]
+def binding(margins: Sequence[Margin]) -> Margin | None:
+    """The limit with the largest floor: the one that alone makes the run longest (None:
+    no limit applies)."""
+    return max(margins, key=lambda m: m.floor_s, default=None)
+
+
+__all__ = ["Margin", "audit", "binding", "worst"]

@@ -125,6 +125,9 @@ class RunResult:
     downlink: DownlinkMode = "exact"
     #: every limit the cost model knows, checked on the ledgers at the end (aggregator.sim.audit)
     margins: tuple[Margin, ...] = ()
+    #: the time those limits were checked over: to the end of the run's last message
+    #: (after the target's version: its broadcast and what the last sends owe)
+    law_elapsed_s: float = 0.0
     #: the agents' minibatch (rows or a fraction of each shard); None: full gradients
     batch_size: float | None = None
     #: local training at cadence: changes refused stale (their version closed while on air)
@@ -619,6 +622,7 @@ def run_method(
             step_size=harness.engine.gamma(),
             downlink=downlink,
             margins=tuple(margins),
+            law_elapsed_s=elapsed_s,
             batch_size=batch_size,
             stale_updates=book.stale_updates,
             local=harness.engine.config.local is not None,

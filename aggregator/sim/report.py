@@ -18,7 +18,7 @@ from typing import Any, Final, TextIO
 import numpy as np
 import numpy.typing as npt
 
-from aggregator.sim.audit import worst
+from aggregator.sim.audit import binding, worst
 from aggregator.sim.experiment import DEFAULT_TARGETS, DOWN_FIELDS, METRICS, RunResult
 from aggregator.sim.problem import Fleet
 from aggregator.web.eta import Eta, estimate
@@ -150,10 +150,15 @@ def gradient_lines(results: Sequence[RunResult], targets: Sequence[float]) -> st
 def records(result: RunResult, targets: Sequence[float]) -> list[dict[str, Any]]:
     """One JSON record per target (null costs where the target was not reached)."""
     fleet = result.fleet
-    low = worst(result.margins)
+    low, bind = worst(result.margins), binding(result.margins)
     law = {
         "audit_worst_margin": None if low is None else low.margin,
         "audit_worst_limit": None if low is None else f"{low.limit} of {low.who}",
+        "law_elapsed_s": result.law_elapsed_s,
+        # the time the law alone imposes on what the run sent and received (audit module)
+        "law_floor_s": None if bind is None else bind.floor_s,
+        "law_floor_limit": None if bind is None else f"{bind.limit} of {bind.who}",
+        "law": [m.to_dict() for m in result.margins],
     }
     return [
         {
@@ -286,7 +291,12 @@ _TABLE_COLUMNS: Final[tuple[tuple[str, str], ...]] = (
     ("down_wait_s", "down_wait_s"),
     (f"eta@{ETA_VERSION}_s", f"eta_at_round_{ETA_VERSION}_s"),  # only where time passes
     ("law_margin", "audit_worst_margin"),
+    ("law_floor_s", "law_floor_s"),
 )
+
+
+#: columns only for fleets where time passes (not the paper's bit counts)
+_TIMED_ONLY: Final = frozenset({f"eta_at_round_{ETA_VERSION}_s", "law_floor_s"})
 
 
 def _cell(rec: dict[str, Any], key: str) -> str:
@@ -307,9 +317,9 @@ def summary_table(results: Sequence[RunResult], targets: Sequence[float]) -> str
     lines: list[str] = []
     for label, group in _by_fleet(results).items():
         recs = [rec for r in group for rec in records(r, targets)]
-        # the ETA column only for fleets where time passes (not the paper's bit counts)
+        # the ETA and law-floor columns only for fleets where time passes (not bit counts)
         timed = any(r.trace.sim_time_s[-1] > 0 for r in group)
-        shown = [(c, k) for c, k in _TABLE_COLUMNS if timed or not k.startswith("eta_")]
+        shown = [(c, k) for c, k in _TABLE_COLUMNS if timed or k not in _TIMED_ONLY]
         cols = ("method", "downlink", "target", "rounds", *(c for c, _ in shown),
                 "final", "sel_ms/rnd")  # fmt: skip
         rows = [cols]

@@ -41,3 +41,20 @@ def test_the_mixed_fleet_trains_in_a_day_at_34x(tmp_path: Path) -> None:
     assert cat["total_bytes"] * 34 <= dense["total_bytes"]
     assert cat["audit_worst_margin"] >= 0.0, cat["audit_worst_limit"]
     assert dense["sim_time_s"] > 30 * DAY_S  # dense gradient descent, for scale: months
+
+
+def test_unicast_on_the_things_network_waits_for_its_policy(tmp_path: Path) -> None:
+    """The same fleet unicast, defaults (docs/results.md "Unicast on The Things Network:
+    what the law allows"): the run takes as long as The Things Network's caps force for
+    what its SF12 members send and receive, and those alone forbid 60 days."""
+    (cat,) = _records(tmp_path, "unicast", "--methods", "cat-signtopk+ef21")
+    assert cat["rounds"] is not None and cat["audit_worst_margin"] >= 0.0
+    # the engine schedules to within 5 % of the law's floor: the caps, not the rounds, wait
+    assert cat["law_floor_s"] >= 0.95 * cat["law_elapsed_s"]
+    assert cat["law_floor_limit"].startswith("unicast daily cap of ")
+    sf12 = {m["who"] for m in cat["law"] if m["limit"] == "uplink fair-use cap"
+            and m["used"] > 1_000.0}  # fmt: skip
+    assert len(sf12) == 3  # agents 1, 5, 9: the SF12 members
+    for m in cat["law"]:
+        if m["who"] in sf12 and m["limit"] in ("uplink fair-use cap", "unicast daily cap"):
+            assert m["floor_s"] > 60 * DAY_S, m  # each of the two caps alone: over 60 days

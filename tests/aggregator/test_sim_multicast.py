@@ -58,6 +58,30 @@ def test_every_limit_is_kept(runs: tuple[dict[str, Any], dict[str, Any]]) -> Non
         assert rec["audit_worst_margin"] >= 0.0, rec["audit_worst_limit"]
 
 
+def test_every_limit_is_reported_with_its_floor(
+    runs: tuple[dict[str, Any], dict[str, Any]],
+) -> None:
+    for rec in runs:
+        law = rec["law"]
+        assert {m["limit"] for m in law} >= {DUTY, "unicast daily cap"}
+        # every limit kept: none needs a longer run than the one checked
+        assert all(0.0 <= m["floor_s"] <= rec["law_elapsed_s"] for m in law)
+        top = max(law, key=lambda m: m["floor_s"])
+        assert rec["law_floor_s"] == top["floor_s"] > 0.0
+        assert rec["law_floor_limit"] == f"{top['limit']} of {top['who']}"
+
+
+def test_a_limits_floor_is_the_shortest_run_that_keeps_it() -> None:
+    ttn = resolve_profile("lorawan_eu868_dr0_sf12")
+    (fup,) = (m for m in audit([_radio(ttn, 91.0)], {}, {}, 86_400.0) if m.limit == FUP)
+    # 91 s at 30 s a day, less the one day's allowance the audit adds: 2 days and 1 s of 30
+    assert fup.floor_s == pytest.approx(91.0 / 30.0 * 86_400.0 - 86_400.0)
+    assert fup.margin < 0.0  # in the one day it ran, the 91 s broke the cap
+    (idle,) = (m for m in audit([_radio(ttn, 0.0)], {}, {}, 86_400.0) if m.limit == FUP)
+    assert idle.floor_s == 0.0
+    assert Margin("cap", "a", 1.0, 0.0).floor_s == math.inf  # a limit that allows nothing
+
+
 def test_a_broken_limit_has_a_negative_margin() -> None:
     kept, broken = Margin("cap", "a", 5.0, 10.0), Margin("cap", "b", 12.0, 10.0)
     assert worst([kept, broken]) is broken and broken.margin < 0 < kept.margin
