@@ -8,6 +8,14 @@ Limits, each as a margin ``1 - used / allowed`` (>= 0: kept; negative: broken):
   against ``uplink_duty_share * elapsed_s``);
 - each unicast downlink's sender duty cycle: the airtime it received unicast against
   ``sender_duty_cycle * elapsed_s`` (the sender's share for that device);
+- one gateway's duty cycle for every unicast member of a network: a network's members (the
+  first two parts of their profiles' names, e.g. ``lorawan_eu868``, as ``--multicast``
+  matches them) are taken to share one gateway, whose RX1 answers go out on the sub-bands
+  of the members' uplinks, so their unicast airtime together counts against
+  ``sender_duty_cycle * duty_cycle_bands * elapsed_s`` (the fewest sub-bands of any
+  member; the engine paces the gateway the same way,
+  :func:`aggregator.engine.downlink.broadcast.gateway_limit`, except for what goes to a
+  group member alone, which no version waits for); more gateways would allow more;
 - each shared downlink group's sender duty cycle: the group's airtime (once per message)
   against the group's ``sender_duty_cycle * elapsed_s``;
 - each device's fair-use cap on its uplink airtime (``uplink_airtime_per_day_s``, The
@@ -34,6 +42,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from aggregator.engine.downlink.broadcast import network_of
 from edge_agent.agent.loop import Agent
 
 DAY_S = 86_400.0
@@ -91,6 +100,7 @@ def audit(
                           per_day / DAY_S, DAY_S))  # fmt: skip
 
     shared_seen: set[str] = set()
+    gateways: dict[str, list[float]] = {}  # network -> [unicast airtime, share, members]
     for a in agents:
         p, me = a.profile, a.config.agent_id
         if p.duty_cycle is not None:  # the law, apart from any fair-use cap below
@@ -108,6 +118,10 @@ def audit(
         if down is not None and down.sender_duty_cycle is not None:
             unicast_air = a.ledger.down.airtime_s - group_air
             duty("downlink sender duty cycle", me, unicast_air, down.sender_duty_cycle)
+            gw = gateways.setdefault(network_of(p.name), [0.0, 1.0, 0.0])
+            gw[0] += unicast_air
+            gw[1] = min(gw[1], down.sender_duty_cycle * p.duty_cycle_bands)
+            gw[2] += 1
         if p.max_downlinks_per_day is not None:
             daily("unicast daily cap", me, a.ledger.down.packets - frames, p.max_downlinks_per_day)
         if acct is None or shared is None or group in shared_seen:
@@ -118,6 +132,9 @@ def audit(
             duty("group sender duty cycle", group, acct["airtime_s"], shared.sender_duty_cycle)
         if shared.max_messages_per_day is not None:
             daily("group daily cap", group, acct["frames"], shared.max_messages_per_day)
+    for name, (used, share, members) in gateways.items():
+        if members > 1:  # one member: its own sender duty cycle above says as much
+            duty("gateway duty cycle", name, used, share)
     return out
 
 

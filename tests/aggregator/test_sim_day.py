@@ -58,3 +58,16 @@ def test_unicast_on_the_things_network_waits_for_its_policy(tmp_path: Path) -> N
     for m in cat["law"]:
         if m["who"] in sf12 and m["limit"] in ("uplink fair-use cap", "unicast daily cap"):
             assert m["floor_s"] > 60 * DAY_S, m  # each of the two caps alone: over 60 days
+
+
+def test_unicast_on_a_private_network_trains_within_60_days(tmp_path: Path) -> None:
+    """The same fleet unicast on a private network server (the LoRaWAN members' profiles
+    without The Things Network's policy): the gateway's duty cycle paces the downlinks,
+    and the run takes well under 60 days, every limit held."""
+    profiles = ("lorawan_eu868_dr5_sf7_private,lorawan_eu868_dr0_sf12_private,"
+                "ble5_2m_dle_notify,nbiot_udp_psm_rai")  # fmt: skip
+    (cat,) = _records(tmp_path, "private", "--methods", "cat-signtopk+ef21", "--profiles", profiles)
+    assert cat["rounds"] is not None and cat["d"] == 47_236
+    assert cat["sim_time_s"] <= 60 * DAY_S
+    assert cat["audit_worst_margin"] >= 0.0, cat["audit_worst_limit"]
+    assert cat["law_floor_limit"] == "gateway duty cycle of lorawan_eu868"

@@ -71,6 +71,20 @@ def test_every_limit_is_reported_with_its_floor(
         assert rec["law_floor_limit"] == f"{top['limit']} of {top['who']}"
 
 
+def test_a_private_network_is_paced_by_its_gateway_and_keeps_every_limit(
+    tmp_path: Path, runs: tuple[dict[str, Any], dict[str, Any]]
+) -> None:
+    private = _run(tmp_path, "private", "--profiles",
+                   "lorawan_eu868_dr5_sf7_private,lorawan_eu868_dr0_sf12_private")  # fmt: skip
+    unicast, _ = runs
+    assert private["rounds"] is not None
+    assert private["sim_time_s"] < unicast["sim_time_s"] / 10  # no TTN caps to wait for
+    (gw,) = (m for m in private["law"] if m["limit"] == "gateway duty cycle")
+    assert gw["who"] == "lorawan_eu868" and gw["margin"] >= 0.0
+    assert private["audit_worst_margin"] >= 0.0, private["audit_worst_limit"]
+    assert not [m for m in private["law"] if m["limit"] in (FUP, "unicast daily cap")]
+
+
 def test_a_limits_floor_is_the_shortest_run_that_keeps_it() -> None:
     ttn = resolve_profile("lorawan_eu868_dr0_sf12")
     (fup,) = (m for m in audit([_radio(ttn, 91.0)], {}, {}, 86_400.0) if m.limit == FUP)

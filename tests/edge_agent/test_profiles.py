@@ -553,8 +553,27 @@ def test_lora_dr0_downlink_by_hand() -> None:
 @pytest.mark.parametrize("stem", LORAWAN_EU868)
 def test_lorawan_eu868_downlinks_are_capped_at_ten_a_day(stem: str) -> None:
     profile = load_profile(REPO_PROFILES / f"{stem}.json")
-    assert profile.max_downlinks_per_day == 10
+    private = stem.endswith("_private")  # a private network server: the law's limits only
+    assert profile.max_downlinks_per_day == (None if private else 10)
     assert profile.downlink is not None and profile.downlink.sender_duty_cycle == 0.01
+
+
+@pytest.mark.parametrize("stem", [s for s in LORAWAN_EU868 if s.endswith("_private")])
+def test_a_private_profile_is_its_radio_without_the_things_networks_policy(stem: str) -> None:
+    private = load_profile(REPO_PROFILES / f"{stem}.json")
+    ttn = load_profile(REPO_PROFILES / f"{stem.removesuffix('_private')}.json")
+    assert ttn.uplink_airtime_per_day_s == 30.0 and private.uplink_airtime_per_day_s is None
+    assert ttn.downlink is not None and private.downlink is not None
+    assert private.downlink.max_messages_per_day is None
+    # the radio itself is the same: its costs both ways and its duty cycle; after an uplink
+    # it owes the duty cycle's silence only, not the fair-use cap's (TTN: a day per 30 s)
+    for size in (1, 51, 500):
+        up, ttn_up = private.message_cost(size), ttn.message_cost(size)
+        assert dataclasses.replace(up, silence_s=0.0) == dataclasses.replace(ttn_up, silence_s=0.0)
+        assert up.silence_s == pytest.approx(up.airtime_s * (1 / 0.02 - 1))
+        assert up.silence_s < ttn_up.silence_s
+        assert private.downlink_cost(size) == ttn.downlink_cost(size)
+    assert (private.duty_cycle, private.duty_cycle_bands) == (ttn.duty_cycle, ttn.duty_cycle_bands)
 
 
 def test_sigfox_downlinks_are_four_a_day_of_eight_bytes() -> None:

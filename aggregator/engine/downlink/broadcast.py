@@ -479,6 +479,27 @@ def downlink_limit(profile: CostProfile, size_bytes: int) -> tuple[float, Downli
     return interval, "downlink_busy"
 
 
+def network_of(profile_name: str) -> str:
+    """The network a member on ``profile_name`` belongs to, and whose gateway sends its
+    unicast downlinks: the first two parts of the name (``lorawan_eu868_dr0_sf12`` and its
+    group variants: ``lorawan_eu868``), the rule ``--multicast`` matches members by."""
+    return "_".join(profile_name.split("_")[:2])
+
+
+def gateway_limit(profile: CostProfile, size_bytes: int) -> tuple[str, float] | None:
+    """The gateway a unicast downlink of ``size_bytes`` on ``profile`` takes, and for how
+    long: ``(network, airtime / (sender_duty_cycle * duty_cycle_bands))``. The sender's
+    duty cycle is the gateway's, and a class A answer goes out on the sub-band of the
+    uplink before it, so the gateway may spend its share in each sub-band the members'
+    uplinks use; every member of the network shares it (one gateway: more would allow
+    more). None for a downlink without a sender duty cycle."""
+    down = profile.downlink
+    if down is None or down.sender_duty_cycle is None:
+        return None
+    share = min(1.0, down.sender_duty_cycle * profile.duty_cycle_bands)
+    return network_of(profile.name), profile.downlink_cost(size_bytes).airtime_s / share
+
+
 def shared_limit(shared: SharedDownlink, size_bytes: int) -> tuple[float, DownlinkLimit]:
     """How long a group's shared downlink stays busy after one message of ``size_bytes``
     (the group's own law: the sender's airtime over its duty cycle, or the slots it

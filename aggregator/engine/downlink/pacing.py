@@ -22,8 +22,11 @@ The engine (:class:`aggregator.engine.rounds.RoundEngine`) drives one
   its share (into the agent's record, through
   :meth:`aggregator.engine.registry.AgentRegistry.add_down`, and :attr:`totals_down`).
   With pacing on, each receiver's link stays busy for the message's
-  :func:`~aggregator.engine.downlink.broadcast.downlink_interval_s`; no version closes
-  before :attr:`next_version_at`, when every link is free again. Accounts, totals and
+  :func:`~aggregator.engine.downlink.broadcast.downlink_interval_s`, and the gateway of
+  its network for the message's airtime over the gateway's duty cycle
+  (:func:`~aggregator.engine.downlink.broadcast.gateway_limit`: one gateway sends every
+  unicast downlink of a network, one after another); no version closes before
+  :attr:`next_version_at`, when every link and every gateway is free again. Accounts, totals and
   pacing (every agent's free-at time included) are checkpointed
   (:meth:`DownlinkTraffic.export`); what changes them is an engine input the service
   journals (:meth:`aggregator.engine.rounds.RoundEngine.charge_downlink`).
@@ -50,7 +53,12 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from aggregator.engine.accounting import Pricer
-from aggregator.engine.downlink.broadcast import DownlinkLimit, downlink_limit, shared_limit
+from aggregator.engine.downlink.broadcast import (
+    DownlinkLimit,
+    downlink_limit,
+    gateway_limit,
+    shared_limit,
+)
 from aggregator.engine.downlink.outbound import PUBLISHED_KINDS, Outbound, addressed
 from aggregator.engine.registry import AgentRegistry
 from aggregator.engine.types import AgentInfo
@@ -61,6 +69,8 @@ from edge_agent.protocol import topics
 SNAPSHOT_ANSWER_INTERVAL_S: Final = 2.0
 #: how a shared downlink group is named among the agents in the pacing state
 GROUP_PREFIX: Final = "@"
+#: how a network's gateway is named among the agents in the pacing state
+GATEWAY_PREFIX: Final = "#"
 #: agents remembered for the rate limit (bounded: agent ids come from topics)
 MAX_TRACKED: Final = 4096
 
@@ -100,7 +110,8 @@ class Hold:
 
     ``reason``: ``daily_cap`` when a member's network allows no more downlinks today,
     else ``downlink_busy`` (airtime and its sender's duty cycle); ``held_by``: the agents
-    whose downlink is not free yet; ``held_until``: when the last of them is (engine
+    whose downlink is not free yet (``@group``: a shared downlink group's, ``#network``:
+    the gateway of a network's unicast downlinks); ``held_until``: when the last of them is (engine
     time); ``since``: when the hold started."""
 
     reason: DownlinkLimit
@@ -205,7 +216,7 @@ class DownlinkTraffic:
     def _gone(key: str, agents: AgentRegistry | None) -> bool:
         """Whether ``key`` is an agent that is not live (lost, offline, done, forgotten): a
         version does not wait for its downlink (a group's is always waited for)."""
-        if agents is None or key.startswith(GROUP_PREFIX):
+        if agents is None or key.startswith((GROUP_PREFIX, GATEWAY_PREFIX)):
             return False
         info = agents.get(key)
         return info is None or not info.live
@@ -221,9 +232,12 @@ class DownlinkTraffic:
         return max(waited, default=0.0)
 
     def _busy(self, now: float, agents: AgentRegistry | None) -> list[str]:
-        """The agents a version waits for at ``now`` (their downlink is not free yet)."""
-        return sorted(a for a, t in self._free_at.items()
-                      if t > now and not self._skipped(a, now) and not self._gone(a, agents))  # fmt: skip
+        """The agents a version waits for at ``now`` (their downlink is not free yet), and a
+        gateway only when it is free later than all of them (it then holds the version)."""
+        busy = {a: t for a, t in self._free_at.items()
+                if t > now and not self._skipped(a, now) and not self._gone(a, agents)}  # fmt: skip
+        links = max((t for a, t in busy.items() if not a.startswith(GATEWAY_PREFIX)), default=0.0)
+        return sorted(a for a, t in busy.items() if not a.startswith(GATEWAY_PREFIX) or t > links)
 
     def hold(self, now: float, agents: AgentRegistry | None = None) -> Hold | None:
         """The hold at ``now`` (None: the job is not held); with ``agents``, only live
@@ -444,6 +458,9 @@ class DownlinkTraffic:
         interval, limit = downlink_limit(profile, size)
         if holds_versions:
             self._occupy(agent, interval, limit, now)
+            gateway = gateway_limit(profile, size)
+            if gateway is not None:
+                self._occupy(GATEWAY_PREFIX + gateway[0], gateway[1], "downlink_busy", now)
         else:
             self._own_free_at[agent] = max(now, self._own_free_at.get(agent, 0.0)) + interval
 
