@@ -134,6 +134,7 @@ def _real_round(client: TestClient, t: Transport) -> None:
 
 
 @pytest.mark.security
+@pytest.mark.slow  # twenty thousand hellos: about 6 s
 def test_twenty_thousand_invented_hellos_over_memory_leave_real_rounds_closing(
     memory_url: str, tmp_path: Path
 ) -> None:

@@ -95,6 +95,7 @@ def _recover_or_load(store: Store, *, full: bool) -> RoundEngine:
     return RoundEngine.restore(CONFIG, loaded.snapshot)
 
 
+@pytest.mark.slow  # every byte of a checkpoint, flipped: about 18 s
 def test_every_byte_flip_of_the_newest_checkpoint_starts_or_refuses_in_one_line(
     pristine: tuple[Path, RoundEngine], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

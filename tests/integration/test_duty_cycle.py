@@ -17,8 +17,10 @@ silence the previous one owes) does not depend on the scale, and the run takes ~
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from e2e_helpers import AgentThread, make_problem, scaled_profile, service_settings, wait_until
@@ -29,6 +31,9 @@ from edge_agent.agent.loop import AgentConfig
 from edge_agent.links.profiles import (
     PROFILES_DIR_ENV,
     CostProfile,
+    parse_profile,
+    profile_to_json,
+    resolve_profile,
     save_profile,
 )
 from edge_agent.protocol import topics
@@ -124,3 +129,69 @@ def test_lorawan_agent_with_default_flags_stays_within_its_duty_cycle(
     end = max(stopped, sent[-1].at + airtimes[-1] / dc)
     share = ledger.up.airtime_s / (end - agent.started_at)
     assert share <= dc, f"{share:.4%} airtime on a {dc:.0%} duty cycle"
+
+
+def _private_lorawan(scale: float) -> CostProfile:
+    """``lorawan_eu868_dr5_sf7_private`` with every airtime, both ways, / ``scale``: no daily
+    cap, so what paces its downlinks is the gateway's duty cycle."""
+    data: dict[str, Any] = json.loads(profile_to_json(resolve_profile(PRIVATE)))
+    data["name"] = f"{PRIVATE}_fast"
+    for part in (data, data["downlink"]):
+        for cost in ("per_packet", "per_byte", "per_message"):
+            if "airtime_s" in part.get(cost, {}):
+                part[cost]["airtime_s"] /= scale
+    return parse_profile(data, source="test copy")
+
+
+#: a private network server's LoRaWAN members: no TTN caps, one gateway for all
+PRIVATE = "lorawan_eu868_dr5_sf7_private"
+#: three members: the gateway's 1 % in each of two sub-bands is less than their three links' 1 %
+MEMBERS = 3
+
+
+def test_the_service_paces_one_gateway_for_a_networks_unicast_members(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three agents on a private network's LoRaWAN profile (time-scaled), default flags,
+    the service's downlink pacing on: what the gateway sent them, counted by the service and
+    by the agents, stays within its duty cycle over the run: the service's pacing kept the
+    gateway busy for all of it, one message after another."""
+    profile = _private_lorawan(10.0)
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    save_profile(profile, profiles / f"{profile.name}.json")
+    monkeypatch.setenv(PROFILES_DIR_ENV, str(profiles))
+    problem = make_problem(tmp_path / "data", rows=90, features=8, agents=MEMBERS)
+    url = f"zmq+tcp://{HOST}:{free_port_pair()}"
+    job = "gateway"
+    agents = [AgentThread(AgentConfig(job=job, agent_id=f"lora-{i}", seed=i), url=url,
+                          shard=problem.shards[i], features=problem.features, profile=profile)
+              for i in range(MEMBERS)]  # fmt: skip
+    settings = service_settings(problem, job=job, url=url, data_dir=tmp_path / "agg",
+                                round_deadline_s=1.0, feedback="none",
+                                downlink_pacing=True)  # fmt: skip
+    service = AggregatorService(settings)
+    started = time.time()
+    service.start()
+    try:
+        for a in agents:
+            a.start()
+        wait_until(lambda: service.read(lambda e: e.version) >= 4, 60.0, "four versions")
+        engine_state = service.read(
+            lambda e: (e.traffic.free_at("#lorawan_eu868"), [i.down for i in e.agents.values()])
+        )
+    finally:
+        for a in agents:
+            a.agent.stop()
+        service.stop()
+    gateway_free_at, accounts = engine_state
+    share = 0.01 * profile.duty_cycle_bands
+    # the service's accounts: everything the gateway sent, at its duty cycle, one after another
+    sent_s = sum(c.airtime_s for c in accounts)
+    assert sent_s > 0.0
+    assert gateway_free_at - started >= sent_s / share * (1 - 1e-9)
+    # what the agents received (their own ledgers) agrees with the service's accounts
+    received_s = sum(a.agent.ledger.down.airtime_s for a in agents)
+    assert received_s <= sent_s * (1 + 1e-9)
+    # and one member's link alone would have allowed the versions sooner: the gateway binds
+    assert sent_s / share > max(c.airtime_s for c in accounts) / 0.01

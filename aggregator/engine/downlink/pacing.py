@@ -384,7 +384,9 @@ class DownlinkTraffic:
         shared downlink group (its sender's airtime once, each member its energy) and
         unicast to every other agent; what is addressed to one agent goes on its unicast
         downlink. With pacing (and ``now``) the next version waits until every unicast
-        link and every group's downlink is free again; a group member's own unicast link
+        link, the gateway of each network those links belong to (one message after
+        another: :func:`~aggregator.engine.downlink.broadcast.gateway_limit`) and every
+        group's downlink is free again; a group member's own unicast link
         (what is addressed to it alone) is paced too, but no version waits for it: the
         version reaches that member on the group."""
         pace = now is not None and self.pacing
