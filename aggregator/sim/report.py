@@ -343,8 +343,26 @@ def summary_table(results: Sequence[RunResult], targets: Sequence[float]) -> str
         )
         for row in rows:
             lines.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
+        if timed:
+            lines += _law_lines(group)
         lines.append("")
     return "\n".join(lines)
+
+
+def _law_lines(results: Sequence[RunResult]) -> list[str]:
+    """Per run, the limit that alone makes it longest and the time the audit checked (the
+    table's ``law_floor_s`` says how long, this line which limit)."""
+    out = []
+    for r in results:
+        bind = binding(r.margins)
+        if bind is None or bind.floor_s <= 0.0:
+            continue
+        out.append(
+            f"   law floor of {r.method.spec} ({r.downlink}): {bind.floor_s:.4g} s, "
+            f"{bind.limit} of {bind.who} (used {bind.used:.4g} of {bind.allowed:.4g}); "
+            f"checked over {r.law_elapsed_s:.4g} s"
+        )
+    return out
 
 
 # --------------------------------------------------------------------------- plot

@@ -85,6 +85,14 @@ def test_a_private_network_is_paced_by_its_gateway_and_keeps_every_limit(
     assert not [m for m in private["law"] if m["limit"] in (FUP, "unicast daily cap")]
 
 
+def test_the_table_names_each_runs_binding_limit(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([*TINY, *FLEET, "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "law_floor_s" in out
+    (line,) = [ln for ln in out.splitlines() if "law floor of cat-signtopk+ef21" in ln]
+    assert " of a00" in line and "checked over" in line  # the limit and whose it is
+
+
 def test_a_limits_floor_is_the_shortest_run_that_keeps_it() -> None:
     ttn = resolve_profile("lorawan_eu868_dr0_sf12")
     (fup,) = (m for m in audit([_radio(ttn, 91.0)], {}, {}, 86_400.0) if m.limit == FUP)
