@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from aggregator.engine.downlink.broadcast import network_of
 from aggregator.sim.optimum import solve_optimum
 from edge_agent.data import Dataset, load_dataset, make_rcv1_like, split_shards
 from edge_agent.links.profiles import CostProfile, resolve_profile
@@ -121,8 +122,7 @@ def on_group(profile: CostProfile, group: CostProfile) -> CostProfile:
     shared = group.shared_downlink
     if shared is None:
         raise ValueError(f"--multicast {group.name}: that profile has no downlink.shared part")
-    region = group.name.split("_")[:2]
-    if profile.downlink is None or profile.name.split("_")[:2] != region:
+    if profile.downlink is None or network_of(profile.name) != network_of(group.name):
         return profile
     if profile.shared_downlink is not None:
         return profile
