@@ -87,7 +87,8 @@ def eta_at(result: RunResult, target: float, version: int = ETA_VERSION) -> floa
     said, at ``version``, that ``target`` would be reached: the fit over versions
     0..``version`` of their close times and losses (None: the run has fewer versions, or the
     ETA was unknown). The relative suboptimality stands in for the loss: it is an affine
-    function of it (``(f - f*) / (f0 - f*)``), so the fit and the versions left are the same."""
+    function of it (``(f - f*) / (f0 - f*)``), so the fit and the versions left are the same,
+    and its floor is 0 (the service's ``AGG_LOSS_FLOOR`` set to the optimum f*)."""
     eta = _eta_of(result, target, version)
     return None if eta is None else eta.at + eta.eta_s
 
@@ -97,20 +98,27 @@ def _eta_of(result: RunResult, target: float, version: int) -> Eta | None:
     tr = result.trace
     if len(tr.subopt) <= version:
         return None
-    return estimate([(k, tr.sim_time_s[k], tr.subopt[k]) for k in range(version + 1)], target)
+    return estimate(
+        [(k, tr.sim_time_s[k], tr.subopt[k]) for k in range(version + 1)], target, floor=0.0
+    )
 
 
 def _eta_fields(result: RunResult, target: float, k: int | None) -> dict[str, Any]:
-    """``eta_at_round_5_s``, its ratio to the time actually taken (``eta_ratio``) and
-    whether ``/status`` would have flagged it a lower bound (``eta_lower_bound``)."""
+    """``eta_at_round_5_s``, its ratio to the time actually taken (``eta_ratio``), whether
+    the decreases still grew then (``eta_early``: the ETA is the midpoint of a range) and
+    that range's ends over the time taken (``eta_low_ratio``, ``eta_high_ratio``)."""
     eta = _eta_of(result, target, ETA_VERSION)
-    predicted = None if eta is None else eta.at + eta.eta_s
     taken = None if k is None else result.trace.sim_time_s[k]
-    ratio = None if predicted is None or not taken else predicted / taken
+
+    def over_taken(eta_s: float | None) -> float | None:
+        return None if eta is None or eta_s is None or not taken else (eta.at + eta_s) / taken
+
     return {
-        f"eta_at_round_{ETA_VERSION}_s": predicted,
-        "eta_ratio": ratio,
-        "eta_lower_bound": None if eta is None else eta.lower_bound,
+        f"eta_at_round_{ETA_VERSION}_s": None if eta is None else eta.at + eta.eta_s,
+        "eta_ratio": over_taken(None if eta is None else eta.eta_s),
+        "eta_early": None if eta is None else eta.early,
+        "eta_low_ratio": over_taken(None if eta is None else eta.eta_low_s),
+        "eta_high_ratio": over_taken(None if eta is None else eta.eta_high_s),
     }
 
 
@@ -300,9 +308,10 @@ _TIMED_ONLY: Final = frozenset({f"eta_at_round_{ETA_VERSION}_s", "law_floor_s"})
 
 
 def _cell(rec: dict[str, Any], key: str) -> str:
-    """``rec[key]`` as the table shows it; an ETA that can only be early reads ">=..."."""
+    """``rec[key]`` as the table shows it; an ETA made while the decreases still grew (the
+    midpoint of a range) reads "~..."."""
     text = _fmt(rec[key])
-    return ">=" + text if key.startswith("eta_") and rec.get("eta_lower_bound") else text
+    return "~" + text if key.startswith("eta_") and rec.get("eta_early") else text
 
 
 def _unmodelled_note(fleet: Fleet) -> str:

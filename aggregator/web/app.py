@@ -100,7 +100,7 @@ def get_status(
             recovered_from=service.recovered_from,
             dense_down=None if dense is None else dense.total,
             now=service.now(),
-            eta=eta_of(recent, target, e.config.target_loss),
+            eta=eta_of(recent, target, e.config.target_loss, service.settings.loss_floor),
             transport_refused=refused,
         )
 

@@ -157,9 +157,17 @@ class EtaOut(_Out):
     rho: float = Field(description="Fitted ratio of successive per-version loss decreases.")
     seconds_per_version: float = Field(description="Mean over the fitted window.")
     window: int = Field(description="Versions with a loss the fit used.")
-    lower_bound: bool = Field(
-        description="The decreases still grow (rho 1): the target is most likely later."
+    early: bool = Field(
+        False, description="The decreases still grow (rho 1): versions_left is a midpoint."
     )
+    lower_bound: bool = Field(
+        description="Early and no AGG_LOSS_FLOOR: the target is most likely later."
+    )
+    eta_low_s: float | None = Field(None, description="The ETA of the low count.")
+    eta_high_s: float | None = Field(
+        None, description="The ETA of the high count (null: early without AGG_LOSS_FLOOR)."
+    )
+    versions_left_high: int | None = None
 
     @classmethod
     def of(cls, eta: Eta | None) -> EtaOut | None:
@@ -168,7 +176,9 @@ class EtaOut(_Out):
         return cls(target_loss=eta.target_loss, eta_s=eta.eta_s, eta_at=eta.at + eta.eta_s,
                    versions_left=eta.versions_left, rho=eta.rho,
                    seconds_per_version=eta.seconds_per_version, window=eta.window,
-                   lower_bound=eta.lower_bound)  # fmt: skip
+                   early=eta.early, lower_bound=eta.lower_bound, eta_low_s=eta.eta_low_s,
+                   eta_high_s=eta.eta_high_s,
+                   versions_left_high=eta.versions_left_high)  # fmt: skip
 
 
 class StatusOut(_Out):
@@ -450,10 +460,14 @@ class ControlOut(_Out):
 
 
 def eta_of(
-    records: list[RoundRecord], target: float | None, engine_target: float | None
+    records: list[RoundRecord],
+    target: float | None,
+    engine_target: float | None,
+    floor: float | None = None,
 ) -> Eta | None:
     """The ETA over the committed ``records`` (the last :data:`~aggregator.web.eta.WINDOW`
-    versions and one more), to ``target`` or else the job's ``engine_target``."""
+    versions and one more), to ``target`` or else the job's ``engine_target``; ``floor``:
+    the least the loss can be (``AGG_LOSS_FLOOR``), None when unknown."""
     goal = engine_target if target is None else target
     points = [(r.version, r.closed_at, r.loss) for r in records[-(WINDOW + 1) :]]
-    return estimate(points, goal)
+    return estimate(points, goal, floor)

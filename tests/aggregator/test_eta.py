@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import io
 import itertools
+import math
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -71,8 +75,60 @@ def test_growing_decreases_are_held_at_the_last_two() -> None:
     hist = [(v, 10.0 * v, 10.0 - 0.1 * v * v) for v in range(6)]  # decreases 0.1, 0.3, ...
     eta = estimate(hist, 10.0 - 2.5 - 9 * 0.8)  # 9 x the last two's mean (0.8) left
     assert eta is not None and eta.rho == 1.0 and eta.versions_left == 9
-    assert eta.eta_s == pytest.approx(90.0)
-    assert eta.lower_bound  # no decay measurable yet: the count holds the decreases up
+    assert eta.eta_s == pytest.approx(90.0) and eta.eta_low_s == pytest.approx(90.0)
+    assert eta.early and eta.eta_high_s is None and eta.versions_left_high is None
+    assert eta.lower_bound  # no floor: the count holds the decreases up, the target later
+
+
+def test_with_a_floor_growing_decreases_give_a_range_and_its_geometric_midpoint() -> None:
+    """Losses 1.0, 0.95, 0.89, 0.82 above a floor of 0 (decreases 0.05, 0.06, 0.07: still
+    growing). To 0.1: held decreases (0.065) give 12 versions; the loss's mean ratio over
+    the last two versions (0.929) held gives 29; the ETA is their geometric mean, 19."""
+    hist = [(v, 60.0 * v, y) for v, y in enumerate([1.0, 0.95, 0.89, 0.82])]
+    eta = estimate(hist, 0.1, floor=0.0)
+    assert eta is not None and eta.early and not eta.lower_bound
+    ratio = (0.82 / 0.95) ** 0.5
+    high = math.ceil(math.log(0.1 / 0.82) / math.log(ratio))
+    assert high == 29 and eta.versions_left_high == high
+    low = math.ceil(0.72 / 0.065)
+    assert eta.versions_left == round(math.sqrt(low * high)) == 19
+    assert eta.eta_low_s == pytest.approx(60.0 * low)
+    assert eta.eta_s == pytest.approx(60.0 * 19) and eta.eta_high_s == pytest.approx(60.0 * high)
+    # a floor nearer the loss leaves more to fall by the same fraction: a longer high count
+    nearer = estimate(hist, 0.5, floor=0.4)
+    assert nearer is not None and nearer.versions_left_high is not None
+    assert nearer.versions_left_high > math.ceil(math.log(0.5 / 0.82) / math.log(ratio))
+    # a target at or below the floor cannot be reached at any ratio: the low count alone
+    below = estimate(hist, 0.1, floor=0.2)
+    assert below is not None and below.lower_bound and below.versions_left == low
+
+
+def test_early_with_a_floor_the_pace_is_the_midpoint_of_held_and_trend() -> None:
+    """The same losses, now with 10 s more per version each version (10, 20, 30 s): the
+    19 versions to come take 30 s each held, the line's 40 .. 220 s continued; the ETA is
+    the geometric mean of the two sums, the range the low count held and the high one
+    continued."""
+    closes = [0.0, 10.0, 30.0, 60.0]
+    hist = [(v, closes[v], y) for v, y in enumerate([1.0, 0.95, 0.89, 0.82])]
+    eta = estimate(hist, 0.1, floor=0.0)
+    assert eta is not None and eta.early and eta.versions_left == 19
+    held, trend = 19 * 30.0, sum(30.0 + 10.0 * k for k in range(1, 20))
+    assert eta.eta_s == pytest.approx(math.sqrt(held * trend))
+    assert eta.eta_low_s == pytest.approx(12 * 30.0)
+    assert eta.eta_high_s == pytest.approx(sum(30.0 + 10.0 * k for k in range(1, 30)))
+    # without a floor: the low count at the trend's pace, a lower bound
+    bound = estimate(hist, 0.1)
+    assert bound is not None and bound.lower_bound
+    assert bound.eta_s == pytest.approx(sum(30.0 + 10.0 * k for k in range(1, 13)))
+
+
+def test_a_measured_decay_ignores_the_floor() -> None:
+    hist = geometric(12, floor=0.5, c=1.0, rho=0.8, dt=30.0)
+    target = 0.5 + 0.8**20
+    with_floor = estimate(hist, target, floor=0.0)
+    assert with_floor == estimate(hist, target)
+    assert with_floor is not None and not with_floor.early
+    assert with_floor.eta_low_s == with_floor.eta_high_s == with_floor.eta_s
 
 
 def test_a_reached_target_is_zero_seconds_away() -> None:
@@ -94,20 +150,15 @@ def test_the_window_is_the_last_versions_only() -> None:
 JOB, D, ROWS = "etajob", 200, 300
 
 
-@pytest.mark.integration  # uvicorn on a real port
-def test_status_gives_the_eta_of_a_descending_job_over_http(
-    memory_url: str, tmp_path: Path
-) -> None:
-    """Two agents send the exact gradient of the evaluation loss at the model /model serves:
-    gradient descent on a strongly convex objective, so the loss falls geometrically and
-    /status?target= gives a finite ETA; without a target (AGG_TARGET_LOSS unset) it is null."""
-    data = make_rcv1_like(ROWS, D, rng=np.random.default_rng(0), nnz_per_row=10.0)
+@contextmanager
+def _serving(memory_url: str, tmp_path: Path, **extra: Any) -> Iterator[tuple[httpx.Client, Any]]:
+    """The app under uvicorn on a free port with an evaluation file of ROWS rows, two agents'
+    hellos sent: the HTTP client and the agents' transport."""
     eval_file = tmp_path / "eval.svm"
-    write_libsvm(data, eval_file)
-    model = make_model("logreg", n_features=D)
+    write_libsvm(_data(), eval_file)
     settings = load_settings(
         job=JOB, d=D, step_size=4.0, transports=[memory_url], data_dir=tmp_path / "data",
-        tick_s=0.02, downlink_pacing=False, feedback="any", eval_data=eval_file,
+        tick_s=0.02, downlink_pacing=False, feedback="any", eval_data=eval_file, **extra,
     )  # fmt: skip
     port = free_port()
     server = uvicorn.Server(
@@ -116,7 +167,6 @@ def test_status_gives_the_eta_of_a_descending_job_over_http(
     serving = threading.Thread(target=server.run, daemon=True)
     serving.start()
     t = open_transport(memory_url, role="agent", client_id="eta-agents")
-    base = f"http://{HOST}:{port}"
     try:
         deadline = time.monotonic() + 20
         while not server.started and time.monotonic() < deadline:
@@ -128,36 +178,78 @@ def test_status_gives_the_eta_of_a_descending_job_over_http(
                                    model="logreg", compressor="dense",
                                    profile="paper_payload_bits")  # fmt: skip
             t.publish(topics.hello(JOB, a), messages.dump(hello))
-        with httpx.Client(base_url=base, timeout=10.0) as http:
-            for v in range(12):
-                x = np.load(io.BytesIO(http.get("/model").content), allow_pickle=False)
-                g = model.grad(x, data)
-                for a in ("a", "b"):
-                    blob = wire.encode(compress(g, "dense", D), job=JOB, agent=a, round=v, seq=v)
-                    t.publish(topics.update(JOB, a), blob)
-                end = time.monotonic() + 20
-                while http.get("/status").json()["model_version"] <= v:
-                    assert time.monotonic() < end, f"version {v + 1} did not close"
-                    time.sleep(0.02)
-            status = http.get("/status").json()
-            assert status["eta"] is None  # no AGG_TARGET_LOSS
-            loss = status["loss"]
-            assert loss is not None
-            rounds = http.get("/history").json()["rounds"]
-            losses = [r["loss"] for r in rounds]
-            assert all(b < a for a, b in itertools.pairwise(losses))
-            drop = losses[-2] - losses[-1]
-            target = loss - 2.0 * drop  # a few versions away at the recent rate
-            eta = http.get("/status", params={"target": target}).json()["eta"]
-            assert eta is not None, status
-            assert eta["target_loss"] == pytest.approx(target)
-            assert 2 <= eta["versions_left"] <= 6
-            assert 0.0 < eta["rho"] < 1.0 and eta["window"] == 11
-            assert eta["lower_bound"] is False
-            assert eta["eta_s"] == pytest.approx(eta["versions_left"] * eta["seconds_per_version"])
-            assert eta["eta_at"] >= rounds[-1]["closed_at"]
-            assert http.get("/status", params={"target": loss + 1.0}).json()["eta"]["eta_s"] == 0
+        with httpx.Client(base_url=f"http://{HOST}:{port}", timeout=10.0) as http:
+            yield http, t
     finally:
         t.close()
         server.should_exit = True
         serving.join(timeout=10)
+
+
+def _data() -> Any:
+    return make_rcv1_like(ROWS, D, rng=np.random.default_rng(0), nnz_per_row=10.0)
+
+
+def _descend(http: httpx.Client, t: Any, scales: list[float]) -> list[float]:
+    """One version per entry of ``scales``: both agents send that multiple of the exact
+    gradient of the evaluation loss at the served model; the losses of /history."""
+    data, model = _data(), make_model("logreg", n_features=D)
+    for v, scale in enumerate(scales):
+        x = np.load(io.BytesIO(http.get("/model").content), allow_pickle=False)
+        g = scale * model.grad(x, data)
+        for a in ("a", "b"):
+            blob = wire.encode(compress(g, "dense", D), job=JOB, agent=a, round=v, seq=v)
+            t.publish(topics.update(JOB, a), blob)
+        end = time.monotonic() + 20
+        while http.get("/status").json()["model_version"] <= v:
+            assert time.monotonic() < end, f"version {v + 1} did not close"
+            time.sleep(0.02)
+    return [r["loss"] for r in http.get("/history").json()["rounds"]]
+
+
+@pytest.mark.integration  # uvicorn on a real port
+def test_status_gives_the_eta_of_a_descending_job_over_http(
+    memory_url: str, tmp_path: Path
+) -> None:
+    """Two agents send the exact gradient of the evaluation loss at the model /model serves:
+    gradient descent on a strongly convex objective, so the loss falls geometrically and
+    /status?target= gives a finite ETA; without a target (AGG_TARGET_LOSS unset) it is null."""
+    with _serving(memory_url, tmp_path) as (http, t):
+        losses = _descend(http, t, [1.0] * 12)
+        status = http.get("/status").json()
+        assert status["eta"] is None  # no AGG_TARGET_LOSS
+        loss = status["loss"]
+        assert loss is not None and loss == pytest.approx(losses[-1])
+        assert all(b < a for a, b in itertools.pairwise(losses))
+        drop = losses[-2] - losses[-1]
+        target = loss - 2.0 * drop  # a few versions away at the recent rate
+        eta = http.get("/status", params={"target": target}).json()["eta"]
+        assert eta is not None, status
+        assert eta["target_loss"] == pytest.approx(target)
+        assert 2 <= eta["versions_left"] <= 6
+        assert 0.0 < eta["rho"] < 1.0 and eta["window"] == 11
+        assert eta["lower_bound"] is False and eta["early"] is False
+        assert eta["eta_low_s"] == eta["eta_high_s"] == eta["eta_s"]
+        assert eta["eta_s"] == pytest.approx(eta["versions_left"] * eta["seconds_per_version"])
+        closed = http.get("/history").json()["rounds"][-1]["closed_at"]
+        assert eta["eta_at"] >= closed
+        assert http.get("/status", params={"target": loss + 1.0}).json()["eta"]["eta_s"] == 0
+
+
+@pytest.mark.integration  # uvicorn on a real port
+def test_with_a_loss_floor_an_early_eta_is_a_range_over_http(
+    memory_url: str, tmp_path: Path
+) -> None:
+    """The agents' steps grow version by version (as EF21's do while its states fill), so the
+    loss decreases grow: with AGG_LOSS_FLOOR set the ETA is early, not a lower bound, and its
+    midpoint lies in the range of the two counts."""
+    floor = 0.0  # a logistic loss is never negative
+    with _serving(memory_url, tmp_path, loss_floor=floor) as (http, t):
+        losses = _descend(http, t, [0.02 * (v + 1) for v in range(6)])
+        decreases = [a - b for a, b in itertools.pairwise(losses)]
+        assert all(b > a > 0 for a, b in itertools.pairwise(decreases)), decreases
+        target = losses[-1] - 10.0 * decreases[-1]
+        eta = http.get("/status", params={"target": target}).json()["eta"]
+        assert eta is not None and eta["early"] is True and eta["lower_bound"] is False
+        assert eta["rho"] == 1.0 and eta["versions_left_high"] >= eta["versions_left"]
+        assert 0.0 <= eta["eta_low_s"] <= eta["eta_s"] <= eta["eta_high_s"]

@@ -561,11 +561,17 @@
     text("accuracy", fmtPercent(s.accuracy));
     /* /status eta: time to the target loss at the recent rate (null: no target, or unknown) */
     const eta = s.eta;
-    /* lower_bound: the decreases still grow, the count holds them at their level: "at least" */
-    const atLeast = eta && eta.lower_bound && eta.eta_s > 0 ? "≥ " : "";
-    text("eta", eta ? (eta.eta_s > 0 ? atLeast + fmtSeconds(eta.eta_s) : "reached") : "–",
-      eta ? `loss ${fmtLoss(eta.target_loss)} in ${atLeast}${eta.versions_left} versions of ` +
-        `${fmtSeconds(eta.seconds_per_version)} (fit over the last ${eta.window})` +
+    /* early: the decreases still grow. Without AGG_LOSS_FLOOR the count holds them at their
+       level ("at least"); with it the ETA is the midpoint of a range ("about") */
+    const pending = eta && eta.eta_s > 0;
+    const atLeast = pending && eta.lower_bound ? "≥ " : "";
+    const about = pending && eta.early && !eta.lower_bound ? "~ " : "";
+    const range = about && isNum(eta.eta_low_s) && isNum(eta.eta_high_s)
+      ? `; between ${fmtSeconds(eta.eta_low_s)} and ${fmtSeconds(eta.eta_high_s)} ` +
+        "(the decreases still grow)" : "";
+    text("eta", eta ? (eta.eta_s > 0 ? atLeast + about + fmtSeconds(eta.eta_s) : "reached") : "–",
+      eta ? `loss ${fmtLoss(eta.target_loss)} in ${atLeast}${about}${eta.versions_left} versions of ` +
+        `${fmtSeconds(eta.seconds_per_version)} (fit over the last ${eta.window})` + range +
         (atLeast ? "; the decreases still grow, so the target is most likely later" : "")
         : "no target loss (AGG_TARGET_LOSS), or the recent rate does not reach it");
     text("live", isNum(s.live_agents) ? `${s.live_agents} / ${isNum(s.agents) ? s.agents : "?"}` : "–");
