@@ -64,17 +64,22 @@ class Problem:
         return self.f_star + rel_subopt * (self.f0 - self.f_star)
 
 
-def scaled_profile(name: str, new_name: str, scale: float) -> CostProfile:
-    """Profile ``name`` with every airtime divided by ``scale`` (its duty cycle unchanged), as
-    ``new_name``: a time-scaled copy for tests on loopback."""
+def scaled_profile(
+    name: str, new_name: str, scale: float, *, downlink: float | None = None
+) -> CostProfile:
+    """Profile ``name`` with every uplink airtime divided by ``scale`` (and with ``downlink``
+    every downlink airtime by that), its duty cycle unchanged, as ``new_name``: a
+    time-scaled copy for tests on loopback."""
     data: dict[str, Any] = json.loads(profile_to_json(resolve_profile(name)))
     data["name"] = new_name
     # as on a private network server: TTN's fair-use cap (30 s a day, 0.035 %) would pace
     # the copy 58 times slower than its duty cycle; these tests are of the duty cycle
     data.pop("uplink_airtime_per_day_s", None)
-    for part in ("per_packet", "per_byte", "per_message"):
-        if "airtime_s" in data.get(part, {}):
-            data[part]["airtime_s"] /= scale
+    parts = [(data, scale)] + ([] if downlink is None else [(data["downlink"], downlink)])
+    for part, divisor in parts:
+        for cost in ("per_packet", "per_byte", "per_message"):
+            if "airtime_s" in part.get(cost, {}):
+                part[cost]["airtime_s"] /= divisor
     return parse_profile(data, source="test copy")
 
 

@@ -17,10 +17,8 @@ silence the previous one owes) does not depend on the scale, and the run takes ~
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from e2e_helpers import AgentThread, make_problem, scaled_profile, service_settings, wait_until
@@ -31,9 +29,6 @@ from edge_agent.agent.loop import AgentConfig
 from edge_agent.links.profiles import (
     PROFILES_DIR_ENV,
     CostProfile,
-    parse_profile,
-    profile_to_json,
-    resolve_profile,
     save_profile,
 )
 from edge_agent.protocol import topics
@@ -134,13 +129,7 @@ def test_lorawan_agent_with_default_flags_stays_within_its_duty_cycle(
 def _private_lorawan(scale: float) -> CostProfile:
     """``lorawan_eu868_dr5_sf7_private`` with every airtime, both ways, / ``scale``: no daily
     cap, so what paces its downlinks is the gateway's duty cycle."""
-    data: dict[str, Any] = json.loads(profile_to_json(resolve_profile(PRIVATE)))
-    data["name"] = f"{PRIVATE}_fast"
-    for part in (data, data["downlink"]):
-        for cost in ("per_packet", "per_byte", "per_message"):
-            if "airtime_s" in part.get(cost, {}):
-                part[cost]["airtime_s"] /= scale
-    return parse_profile(data, source="test copy")
+    return scaled_profile(PRIVATE, f"{PRIVATE}_fast", scale, downlink=scale)
 
 
 #: a private network server's LoRaWAN members: no TTN caps, one gateway for all
