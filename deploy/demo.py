@@ -247,7 +247,8 @@ def follow(
         tot = status["totals"]
         line = (
             f"{bar(frac)} round {status['round']:>5}  loss {loss if loss is not None else float('nan'):.5f}  "
-            f"rel {rel:.3g}  sent {si(tot['bytes'], 'B')}, {si(tot['airtime_s'], 's')} airtime, {si(tot['energy_j'], 'J')}   "
+            f"rel {rel:.3g}  sent {si(tot['bytes'], 'B')}, {si(tot['airtime_s'], 's')} airtime, {si(tot['energy_j'], 'J')}  "
+            f"eta {eta_text(status.get('eta'))}   "
         )
         if live:  # redrawn in place
             sys.stdout.write("\r" + line)
@@ -263,6 +264,16 @@ def follow(
             raise SystemExit(f"\ndemo: an agent failed; see {work}/agent-*.log")
         time.sleep(0.5)
     return status
+
+
+def eta_text(eta: dict[str, Any] | None) -> str:
+    """/status's ETA in a few characters: "-" unknown, "~12 s" a midpoint while the loss
+    decreases still grow, ">=12 s" a lower bound, "12 s" a measured rate."""
+    if eta is None:
+        return "-"
+    mark = "~" if eta.get("early") and not eta.get("lower_bound") else ""
+    mark = ">=" if eta.get("lower_bound") else mark
+    return mark + si(float(eta["eta_s"]), "s")
 
 
 def _note_waiting(status: dict[str, Any], seen: set[str] | None) -> None:
@@ -282,7 +293,9 @@ LOG_EVERY_S = 10.0
 #: agent flags that differ per agent by design (not settings of the demo)
 PER_AGENT = frozenset({"agent_id", "profile", "data", "seed", "server"})
 #: settings every run sets for itself (the problem, ports, directories): listed by name only
-PER_RUN = frozenset({"AGG_D", "AGG_TRANSPORTS", "AGG_DATA_DIR", "AGG_EVAL_DATA", "AGG_TARGET_LOSS"})
+PER_RUN = frozenset(
+    {"AGG_D", "AGG_TRANSPORTS", "AGG_DATA_DIR", "AGG_EVAL_DATA", "AGG_TARGET_LOSS", "AGG_LOSS_FLOOR"}
+)
 #: where README's headline ratio comes from (docs/results.md, "Both directions")
 HEADLINE = (
     "README's 34x (total bytes vs dense) is `aggregator simulate` with 10 agents (LoRaWAN "
@@ -579,6 +592,7 @@ def main() -> int:
             "AGG_QUORUM_FRACTION": "1.0",
             "AGG_ROUND_DEADLINE_S": "10",
             "AGG_TARGET_LOSS": repr(target_loss),
+            "AGG_LOSS_FLOOR": repr(f_star),  # the ETA's range while the decreases grow
             "AGG_MAX_ROUNDS": str(args.max_rounds),
             "AGG_CHECKPOINT_EVERY": "20",
         }

@@ -67,3 +67,8 @@ def test_the_misconfigured_agent_is_told_and_exits_2_while_the_others_train() ->
     assert "AGG_MIN_AGENTS=2 (default 1)" in done.stdout
     assert "--duty-cycle ignore (default wait)" in done.stdout
     assert "README's 34x" in done.stdout and "\r" not in done.stdout
+    # each progress line ends with /status's ETA; the last one, at the target, says 0 s
+    progress = [ln for ln in done.stdout.splitlines() if ln.startswith("[") and " round " in ln]
+    assert progress and all(" eta " in ln for ln in progress), progress
+    assert progress[-1].rstrip().endswith("eta 0 s"), progress[-1]
+    assert "AGG_LOSS_FLOOR" in done.stdout  # set by the demo to the optimum it solved
