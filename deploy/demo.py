@@ -294,7 +294,14 @@ LOG_EVERY_S = 10.0
 PER_AGENT = frozenset({"agent_id", "profile", "data", "seed", "server"})
 #: settings every run sets for itself (the problem, ports, directories): listed by name only
 PER_RUN = frozenset(
-    {"AGG_D", "AGG_TRANSPORTS", "AGG_DATA_DIR", "AGG_EVAL_DATA", "AGG_TARGET_LOSS", "AGG_LOSS_FLOOR"}
+    {
+        "AGG_D",
+        "AGG_TRANSPORTS",
+        "AGG_DATA_DIR",
+        "AGG_EVAL_DATA",
+        "AGG_TARGET_LOSS",
+        "AGG_LOSS_FLOOR",
+    }
 )
 #: where README's headline ratio comes from (docs/results.md, "Both directions")
 HEADLINE = (
