@@ -33,9 +33,11 @@ high pace. On the simulator's runs of the mixed LoRaWAN fleet at version 5 (docs
 "The ETA at version 5") this came within 2x of the time taken in 36 of 39 runs, against 23
 with the low count at the trend's pace.
 
-Unknown (None) when there is no target, fewer than :data:`MIN_POINTS` losses, a decrease
-in the window that is not positive, or the fitted decreases sum to less than what is left
-(a plateau above the target). Pure.
+The window starts at the last of its first versions whose loss is exactly the first one's:
+a version that moved nothing (the engine's local training opens with an empty one) carries
+no rate. Unknown (None) when there is no target, fewer than :data:`MIN_POINTS` losses, a
+later decrease in the window that is not positive, or the fitted decreases sum to less
+than what is left (a plateau above the target). Pure.
 """
 
 from __future__ import annotations
@@ -98,6 +100,8 @@ def estimate(
         return None
     rows = [(v, t, loss) for v, t, loss in points if loss is not None and math.isfinite(loss)]
     rows = rows[-(WINDOW + 1) :]
+    while len(rows) > 1 and rows[1][2] == rows[0][2]:
+        rows = rows[1:]  # versions that left the loss as it was (local training's empty first)
     if not rows:
         return None
     _, at, loss = rows[-1]

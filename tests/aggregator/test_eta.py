@@ -131,6 +131,21 @@ def test_a_measured_decay_ignores_the_floor() -> None:
     assert with_floor.eta_low_s == with_floor.eta_high_s == with_floor.eta_s
 
 
+def test_versions_that_left_the_loss_as_it_was_start_the_window_later() -> None:
+    """Local training through the engine opens with an empty version (the loss unchanged):
+    the fit starts after it instead of giving up on a decrease of 0; a later one still
+    makes the ETA unknown."""
+    opened: list[tuple[int, float, float | None]] = [(0, 0.0, 1.5)]
+    opened += [(v, 100.0 + 30.0 * (v - 1), 0.5 + 0.8 ** (v - 1)) for v in range(1, 9)]
+    target = 0.5 + 0.8**12  # reached at version 13: 5 after the last (8)
+    assert estimate(opened[2:], target) is not None
+    eta = estimate(opened, target)
+    assert eta is not None and eta.rho == pytest.approx(0.8)
+    assert eta.versions_left == 5 and eta.seconds_per_version == pytest.approx(30.0)
+    stalled = [*opened[:4], (opened[4][0], opened[4][1], opened[3][2]), *opened[5:]]
+    assert estimate(stalled, target) is None
+
+
 def test_a_reached_target_is_zero_seconds_away() -> None:
     hist = geometric(5, floor=0.5, c=1.0, rho=0.5, dt=10.0)
     eta = estimate(hist, 0.9)
