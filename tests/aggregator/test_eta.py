@@ -71,6 +71,19 @@ def test_growing_times_per_version_follow_their_trend() -> None:
     assert eta.eta_s == pytest.approx(120.0 + 130.0 + 140.0 + 150.0)
 
 
+def test_falling_times_per_version_are_not_extrapolated() -> None:
+    """Times per version of 300, 250, ... 50 s (version 0 -> 1 the start): the line falls,
+    so the versions to come take its value at the last version (50 s), not less, and not
+    its value at version 0 either."""
+    closes = [0.0, 1000.0]
+    for per in (300.0, 250.0, 200.0, 150.0, 100.0, 50.0):
+        closes.append(closes[-1] + per)
+    hist = [(v, closes[v], 0.5 + 0.8**v) for v in range(len(closes))]
+    eta = estimate(hist, 0.5 + 0.8**10)  # 3 versions after the last (7)
+    assert eta is not None and eta.versions_left == 3
+    assert eta.eta_s == pytest.approx(3 * 50.0)
+
+
 def test_growing_decreases_are_held_at_the_last_two() -> None:
     hist = [(v, 10.0 * v, 10.0 - 0.1 * v * v) for v in range(6)]  # decreases 0.1, 0.3, ...
     eta = estimate(hist, 10.0 - 2.5 - 9 * 0.8)  # 9 x the last two's mean (0.8) left
