@@ -108,17 +108,21 @@ def _eta_fields(result: RunResult, target: float, k: int | None) -> dict[str, An
     the decreases still grew then (``eta_early``: the ETA is the midpoint of a range) and
     that range's ends over the time taken (``eta_low_ratio``, ``eta_high_ratio``)."""
     eta = _eta_of(result, target, ETA_VERSION)
+    if eta is None:
+        keys = (f"eta_at_round_{ETA_VERSION}_s", "eta_ratio", "eta_early", "eta_low_ratio",
+                "eta_high_ratio")  # fmt: skip
+        return dict.fromkeys(keys)
     taken = None if k is None else result.trace.sim_time_s[k]
 
     def over_taken(eta_s: float | None) -> float | None:
-        return None if eta is None or eta_s is None or not taken else (eta.at + eta_s) / taken
+        return None if eta_s is None or not taken else (eta.at + eta_s) / taken
 
     return {
-        f"eta_at_round_{ETA_VERSION}_s": None if eta is None else eta.at + eta.eta_s,
-        "eta_ratio": over_taken(None if eta is None else eta.eta_s),
-        "eta_early": None if eta is None else eta.early,
-        "eta_low_ratio": over_taken(None if eta is None else eta.eta_low_s),
-        "eta_high_ratio": over_taken(None if eta is None else eta.eta_high_s),
+        f"eta_at_round_{ETA_VERSION}_s": eta.at + eta.eta_s,
+        "eta_ratio": over_taken(eta.eta_s),
+        "eta_early": eta.early,
+        "eta_low_ratio": over_taken(eta.eta_low_s),
+        "eta_high_ratio": over_taken(eta.eta_high_s),
     }
 
 

@@ -1,8 +1,9 @@
 """When the job reaches its target loss, from the recent rate of loss decrease (``/status``
 ``eta``; docs/http-api.md says the method).
 
-Versions left. Over the last :data:`WINDOW` decreases (``WINDOW + 1`` versions with a loss), the decreases ``D_i =
-loss_{i-1} - loss_i`` of a linearly converging run fall geometrically, ``D_i ~ D * rho^i``:
+Versions left. Over the last :data:`WINDOW` decreases (``WINDOW + 1`` versions with a
+loss), the decreases ``D_i = loss_{i-1} - loss_i`` of a linearly converging run fall
+geometrically, ``D_i ~ D * rho^i``:
 a least-squares line through ``(i, log D_i)`` gives ``rho``. The decrease still to come
 after ``n`` more versions is ``D_last * rho * (1 - rho^n) / (1 - rho)``; the smallest ``n``
 for which it covers ``loss - target`` is the versions left. Early in a run the decreases may
@@ -17,9 +18,8 @@ bracket what is to come:
   two. While the decreases still grow that fraction grows too, so this count is high.
 
 With both, ``versions_left`` is their geometric mean (rounded, and never below the low
-count) and ``versions_left_high`` the high
-count; without a floor it is the low count and the ETA says it is a lower bound
-(``lower_bound``).
+count) and ``versions_left_high`` the high count; without a floor it is the low count and
+the ETA says it is a lower bound (``lower_bound``).
 
 Seconds per version. The times between versions may grow too (CAT's T grows as the states
 fill, and with it the slowest radio's airtime and silence): a least-squares line through
