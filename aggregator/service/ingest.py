@@ -48,10 +48,11 @@ import numpy as np
 
 from aggregator.engine.accounting import DenseDownlink, Pricer, RoundRecord
 from aggregator.engine.downlink.outbound import Outbound, merge_deltas
-from aggregator.engine.rounds import Decoded, Effects, Evaluator, FloatArray, RoundEngine
+from aggregator.engine.rounds import Decoded, Effects, RoundEngine
 from aggregator.service.datalock import DataDirLock
+from aggregator.service.evaluation import Evaluation, LossFloor
 from aggregator.service.logs import ProgressLog
-from aggregator.service.settings import Settings, SettingsError
+from aggregator.service.settings import Settings
 from aggregator.service.store import JournalEntry, Store, recover
 from edge_agent.errors import CatEdgeError
 from edge_agent.links.profiles import CostProfile, resolve_profile
@@ -97,33 +98,6 @@ class _Applied:
         self.changed = self.changed or eff.changed
         if eff.committed is not None:
             self.records.append(eff.committed)
-
-
-def build_evaluator(settings: Settings) -> Evaluator | None:
-    """``x -> (loss, accuracy)`` on ``settings.eval_data``, or None when unset."""
-    if settings.eval_data is None:
-        return None
-    from edge_agent.data import load_dataset
-    from edge_agent.numerics.models import make_model
-
-    n_features = settings.d // settings.n_classes if settings.model == "softmax" else settings.d
-    try:
-        model = make_model(
-            settings.model, n_features=n_features, n_classes=settings.n_classes, l2=settings.l2
-        )
-        data = load_dataset(settings.eval_data, n_features=n_features)
-    except CatEdgeError as exc:
-        raise SettingsError(f"AGG_EVAL_DATA: {exc}") from None
-    if model.d != settings.d:
-        raise SettingsError(
-            f"AGG_D={settings.d} does not fit model {settings.model} with {n_features} features "
-            f"(d={model.d}); fix AGG_D or AGG_N_CLASSES"
-        )
-
-    def evaluate(x: FloatArray) -> tuple[float, float | None]:
-        return model.loss(x, data), model.accuracy(x, data)
-
-    return evaluate
 
 
 #: Updates up to this size are decoded together (sparse updates: the common case) ...
@@ -196,6 +170,8 @@ class AggregatorService:
         self._uncheckpointed = 0  # committed versions not yet in a checkpoint file
         self._progress = ProgressLog(log)  # round closed / checkpoint written lines
         self.recovered_from = ""
+        #: the least the evaluation loss can be, for /status's ETA (AGG_LOSS_FLOOR)
+        self.loss_floor = LossFloor("none", None)
         #: the dense float32 downlink baseline, charged per committed version (None:
         #: unknown, the service resumed a job past version 0); read it under ``read``
         self.dense_down: DenseDownlink | None = None
@@ -211,8 +187,12 @@ class AggregatorService:
         self._data_lock = data_lock if data_lock is not None else DataDirLock.acquire(s.data_dir)
         try:
             self._store = Store(s.data_dir)
+            evaluation = Evaluation.load(s)
             recovery = recover(
-                self._store, cfg, evaluator=build_evaluator(s), profiles=_profile_lookup
+                self._store,
+                cfg,
+                evaluator=None if evaluation is None else evaluation.evaluate,
+                profiles=_profile_lookup,
             )
         except BaseException:
             self._data_lock.release()
@@ -262,6 +242,8 @@ class AggregatorService:
         self._threads.append(threading.Thread(target=self._ingest, name="ingest", daemon=True))
         for th in self._threads:
             th.start()
+        self.loss_floor = LossFloor(s.loss_floor, evaluation, target_loss=s.target_loss)
+        self.loss_floor.start()
         log.info(
             "aggregator for job %s serving %s at version %d (%s)",
             s.job,
@@ -275,6 +257,7 @@ class AggregatorService:
         if self._stop_requested:
             return
         self._stop_requested = True
+        self.loss_floor.stop()
         # The ingest thread finishes what is queued before _STOP (persist, then publish)
         # while the transports are still open (what arrives after _STOP is not applied).
         self._inbox.put(_STOP)

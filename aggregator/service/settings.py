@@ -100,7 +100,9 @@ class Settings(BaseSettings):
     mode: Literal["sync", "async"] = "sync"
     max_rounds: int | None = Field(None, ge=1, description="Stop at this model version.")
     target_loss: float | None = Field(None, description="Stop when the eval loss <= this.")
-    loss_floor: float | None = Field(None, description="Least the eval loss can be (for the ETA).")
+    loss_floor: Annotated[float, Field(allow_inf_nan=False)] | Literal["auto", "none"] = Field(
+        "auto", description="Least the eval loss can be (ETA): a number, auto (solved), none."
+    )
     quorum_min_agents: int = Field(1, ge=1)
     quorum_fraction: float = Field(0.5, ge=0.0, le=1.0)
     min_agents: int = Field(1, ge=1, description="Hellos needed before round 0 may close.")

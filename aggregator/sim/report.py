@@ -88,7 +88,7 @@ def eta_at(result: RunResult, target: float, version: int = ETA_VERSION) -> floa
     0..``version`` of their close times and losses (None: the run has fewer versions, or the
     ETA was unknown). The relative suboptimality stands in for the loss: it is an affine
     function of it (``(f - f*) / (f0 - f*)``), so the fit and the versions left are the same,
-    and its floor is 0 (the service's ``AGG_LOSS_FLOOR`` set to the optimum f*)."""
+    and its floor is 0 (the service's loss floor at the optimum f*, as it solves it)."""
     eta = _eta_of(result, target, version)
     return None if eta is None else eta.at + eta.eta_s
 

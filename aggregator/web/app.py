@@ -91,6 +91,7 @@ def get_status(
     version = service.read(lambda e: e.version)
     recent = service.history(max(0, version - WINDOW - 1), WINDOW + 1)
     refused = service.transport_refused()
+    floor, floor_source = service.loss_floor.read()
 
     def build(e: RoundEngine) -> StatusOut:
         dense = service.dense_down  # read under the engine lock, like the engine
@@ -100,7 +101,8 @@ def get_status(
             recovered_from=service.recovered_from,
             dense_down=None if dense is None else dense.total,
             now=service.now(),
-            eta=eta_of(recent, target, e.config.target_loss, service.settings.loss_floor),
+            eta=eta_of(recent, target, e.config.target_loss, floor),
+            loss_floor=(floor, floor_source),
             transport_refused=refused,
         )
 

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from aggregator.engine.accounting import RoundRecord, Spend
 from aggregator.engine.downlink.pacing import Hold
 from aggregator.engine.rounds import AgentInfo, RoundEngine
+from aggregator.service.evaluation import FloorSource
 from aggregator.web.eta import WINDOW, Eta, estimate
 from edge_agent.links.cost import ZERO, Cost
 
@@ -161,11 +162,11 @@ class EtaOut(_Out):
         False, description="The decreases still grow (rho 1): versions_left is a midpoint."
     )
     lower_bound: bool = Field(
-        description="Early and no AGG_LOSS_FLOOR: the target is most likely later."
+        description="Early and no loss floor known: the target is most likely later."
     )
     eta_low_s: float | None = Field(None, description="The ETA of the low count.")
     eta_high_s: float | None = Field(
-        None, description="The ETA of the high count (null: early without AGG_LOSS_FLOOR)."
+        None, description="The ETA of the high count (null: early without a loss floor)."
     )
     versions_left_high: int | None = None
 
@@ -191,6 +192,12 @@ class StatusOut(_Out):
     round: int = Field(description="The open round: updates computed at this version are due.")
     model_version: int
     loss: float | None
+    loss_floor: float | None = Field(
+        None, description="Least the eval loss can be (AGG_LOSS_FLOOR; null: unknown)."
+    )
+    loss_floor_source: FloorSource = Field(
+        "none", description="set (AGG_LOSS_FLOOR), solved or solving (auto), failed, none."
+    )
     accuracy: float | None
     gamma: float = Field(description="Step size used by the next step.")
     agents: int = Field(description="Agents that have said hello.")
@@ -269,6 +276,7 @@ class StatusOut(_Out):
         now: float | None = None,
         eta: Eta | None = None,
         transport_refused: dict[str, int] | None = None,
+        loss_floor: tuple[float | None, FloorSource] = (None, "none"),
     ) -> StatusOut:
         up, down = e.totals.actual, e.totals_down
         sent = sum((a.sent for a in e.agents.values()), ZERO)
@@ -281,6 +289,8 @@ class StatusOut(_Out):
             round=e.version,
             model_version=e.version,
             loss=e.loss,
+            loss_floor=loss_floor[0],
+            loss_floor_source=loss_floor[1],
             accuracy=e.accuracy,
             gamma=e.gamma(),
             agents=len(e.agents),
@@ -467,7 +477,8 @@ def eta_of(
 ) -> Eta | None:
     """The ETA over the committed ``records`` (the last :data:`~aggregator.web.eta.WINDOW`
     versions and one more), to ``target`` or else the job's ``engine_target``; ``floor``:
-    the least the loss can be (``AGG_LOSS_FLOOR``), None when unknown."""
+    the least the loss can be (``AGG_LOSS_FLOOR``, or solved on the evaluation data), None
+    when unknown."""
     goal = engine_target if target is None else target
     points = [(r.version, r.closed_at, r.loss) for r in records[-(WINDOW + 1) :]]
     return estimate(points, goal, floor)

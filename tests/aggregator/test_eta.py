@@ -26,6 +26,7 @@ from edge_agent.data.datafiles import write_libsvm
 from edge_agent.data.datagen import make_rcv1_like
 from edge_agent.numerics.compressors import compress
 from edge_agent.numerics.models import make_model
+from edge_agent.numerics.optimum import solve_optimum
 from edge_agent.protocol import messages, topics, wire
 from edge_agent.transports import open_transport
 
@@ -264,20 +265,64 @@ def test_status_gives_the_eta_of_a_descending_job_over_http(
         assert http.get("/status", params={"target": loss + 1.0}).json()["eta"]["eta_s"] == 0
 
 
+def _growing_descent(http: httpx.Client, t: Any) -> dict[str, Any] | None:
+    """Six versions whose steps grow (as EF21's do while its states fill), so the loss
+    decreases grow: /status's ETA to a target ten such decreases away."""
+    losses = _descend(http, t, [0.02 * (v + 1) for v in range(6)])
+    decreases = [a - b for a, b in itertools.pairwise(losses)]
+    assert all(b > a > 0 for a, b in itertools.pairwise(decreases)), decreases
+    target = losses[-1] - 10.0 * decreases[-1]
+    eta: dict[str, Any] | None = http.get("/status", params={"target": target}).json()["eta"]
+    return eta
+
+
+def _assert_a_range(eta: dict[str, Any] | None) -> None:
+    """An early ETA with both counts: not a lower bound, the midpoint inside the range."""
+    assert eta is not None and eta["early"] is True and eta["lower_bound"] is False
+    assert eta["rho"] == 1.0 and eta["versions_left_high"] >= eta["versions_left"]
+    assert 0.0 <= eta["eta_low_s"] <= eta["eta_s"] <= eta["eta_high_s"]
+
+
 @pytest.mark.integration  # uvicorn on a real port
 def test_with_a_loss_floor_an_early_eta_is_a_range_over_http(
     memory_url: str, tmp_path: Path
 ) -> None:
-    """The agents' steps grow version by version (as EF21's do while its states fill), so the
-    loss decreases grow: with AGG_LOSS_FLOOR set the ETA is early, not a lower bound, and its
-    midpoint lies in the range of the two counts."""
+    """With AGG_LOSS_FLOOR set the early ETA is a range, and /status says where the floor
+    came from."""
     floor = 0.0  # a logistic loss is never negative
     with _serving(memory_url, tmp_path, loss_floor=floor) as (http, t):
-        losses = _descend(http, t, [0.02 * (v + 1) for v in range(6)])
-        decreases = [a - b for a, b in itertools.pairwise(losses)]
-        assert all(b > a > 0 for a, b in itertools.pairwise(decreases)), decreases
-        target = losses[-1] - 10.0 * decreases[-1]
-        eta = http.get("/status", params={"target": target}).json()["eta"]
-        assert eta is not None and eta["early"] is True and eta["lower_bound"] is False
-        assert eta["rho"] == 1.0 and eta["versions_left_high"] >= eta["versions_left"]
-        assert 0.0 <= eta["eta_low_s"] <= eta["eta_s"] <= eta["eta_high_s"]
+        status = http.get("/status").json()
+        assert status["loss_floor"] == floor and status["loss_floor_source"] == "set"
+        _assert_a_range(_growing_descent(http, t))
+
+
+@pytest.mark.integration  # uvicorn on a real port
+def test_by_default_the_service_solves_its_loss_floor_over_http(
+    memory_url: str, tmp_path: Path
+) -> None:
+    """AGG_LOSS_FLOOR unset (auto): the service solves the least the evaluation loss can be
+    on its evaluation data, /status shows it (a proven bound within 1e-9 of f*), and the
+    early ETA is a range with no setting at all."""
+    with _serving(memory_url, tmp_path) as (http, t):
+        deadline = time.monotonic() + 30
+        while (status := http.get("/status").json())["loss_floor_source"] == "solving":
+            assert time.monotonic() < deadline, "the loss floor was not solved in 30 s"
+            time.sleep(0.05)
+        _, f_star = solve_optimum(make_model("logreg", n_features=D), _data())
+        assert status["loss_floor_source"] == "solved"
+        assert f_star - 1e-9 <= status["loss_floor"] <= f_star
+        _assert_a_range(_growing_descent(http, t))
+
+
+@pytest.mark.integration  # uvicorn on a real port
+def test_with_the_floor_off_an_early_eta_is_a_lower_bound_over_http(
+    memory_url: str, tmp_path: Path
+) -> None:
+    """AGG_LOSS_FLOOR=none: no floor, so the same descent's early ETA is the low count,
+    flagged a lower bound (the case the default now avoids)."""
+    with _serving(memory_url, tmp_path, loss_floor="none") as (http, t):
+        status = http.get("/status").json()
+        assert status["loss_floor"] is None and status["loss_floor_source"] == "none"
+        eta = _growing_descent(http, t)
+        assert eta is not None and eta["early"] is True and eta["lower_bound"] is True
+        assert eta["eta_high_s"] is None and eta["versions_left_high"] is None

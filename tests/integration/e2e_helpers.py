@@ -31,12 +31,12 @@ from aggregator.localnet import HOST, ServiceProcess, free_port_pair, service_en
 from aggregator.service.ingest import AggregatorService
 from aggregator.service.settings import Settings, load_settings
 from aggregator.sim.harness import FleetHarness
-from aggregator.sim.optimum import solve_optimum
 from edge_agent.agent.loop import Agent, AgentConfig, FeedbackName
 from edge_agent.data import load_dataset, make_rcv1_like, split_shards, write_libsvm
 from edge_agent.links.profiles import CostProfile, parse_profile, profile_to_json, resolve_profile
 from edge_agent.numerics.local import LocalConfig
 from edge_agent.numerics.models import make_model
+from edge_agent.numerics.optimum import solve_optimum
 from edge_agent.transports import Message, Transport, open_transport
 
 #: one radio per agent, all shipped profiles with a non-zero energy model

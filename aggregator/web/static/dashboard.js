@@ -561,7 +561,7 @@
     text("accuracy", fmtPercent(s.accuracy));
     /* /status eta: time to the target loss at the recent rate (null: no target, or unknown) */
     const eta = s.eta;
-    /* early: the decreases still grow. Without AGG_LOSS_FLOOR the count holds them at their
+    /* early: the decreases still grow. Without a loss floor the count holds them at their
        level ("at least"); with it the ETA is the midpoint of a range ("about") */
     const pending = eta && eta.eta_s > 0;
     const atLeast = pending && eta.lower_bound ? "≥ " : "";

@@ -1,4 +1,5 @@
-"""High-precision reference optimum ``f*`` for relative suboptimality.
+"""High-precision reference optimum ``f*`` for relative suboptimality, and a certified
+floor under it.
 
 The simulator and the benchmarks report ``(f(x_k) - f*) / (f(x_0) - f*)``;
 that needs ``f*`` far more accurately than the methods under test reach, so
@@ -6,6 +7,10 @@ it is computed once, offline, by L-BFGS (pure numpy: two-loop recursion,
 memory 20 by default, backtracking line search that accepts either the
 Armijo condition or Hager-Zhang's approximate Wolfe conditions, the latter
 keeping progress possible when differences of ``f`` fall below rounding).
+
+The aggregator service solves the same problem on its evaluation data for the least the
+evaluation loss can be (:func:`loss_floor`, ``AGG_LOSS_FLOOR=auto``): ``/status``'s ETA
+needs it while the loss decreases still grow.
 """
 
 from __future__ import annotations
@@ -22,13 +27,14 @@ from edge_agent.data.sparse import FloatArray
 from edge_agent.errors import DataError
 from edge_agent.numerics.models import Model
 
-__all__ = ["LBFGSResult", "lbfgs", "solve_optimum"]
+__all__ = ["Floor", "LBFGSResult", "lbfgs", "loss_floor", "solve_optimum"]
 
 _ARMIJO = 1e-4  # sufficient decrease constant c1
 _HZ_DELTA = 0.1  # approximate Wolfe: phi'(a) <= (2 delta - 1) phi'(0)
 _HZ_SIGMA = 0.9  # approximate Wolfe: phi'(a) >= sigma phi'(0)
 _HZ_EPS = 1e-14  # approximate Wolfe: allowed relative rise of f (rounding level)
 _MAX_TRIALS = 60  # line-search trials before giving up on a direction
+_ROUNDING = 1e-12  # relative rounding allowed in an evaluation of f (a mean over the rows)
 
 
 @dataclass(frozen=True)
@@ -76,13 +82,15 @@ def lbfgs(
     tol: float = 1e-12,
     max_iter: int = 2000,
     memory: int = 20,
+    stop: Callable[[], bool] | None = None,
 ) -> LBFGSResult:
     """Minimise a smooth function with L-BFGS.
 
     ``fun(x)`` returns ``(f(x), grad f(x))``. Stops when
     ``|grad f(x)|_2 <= tol * max(1, |grad f(x0)|_2)``, after ``max_iter``
-    iterations, or when no step along the steepest-descent direction makes
-    progress in float64. Curvature pairs with ``s^T y <= 0`` are skipped.
+    iterations, when no step along the steepest-descent direction makes
+    progress in float64, or when ``stop()`` (asked before each iteration) is true.
+    Curvature pairs with ``s^T y <= 0`` are skipped.
     """
     if tol <= 0 or max_iter < 0 or memory < 1:
         raise DataError(
@@ -96,6 +104,8 @@ def lbfgs(
     pairs: deque[tuple[FloatArray, FloatArray, float]] = deque(maxlen=memory)
     iterations = 0
     while gnorm > target and iterations < max_iter:
+        if stop is not None and stop():
+            break
         p = _two_loop(g, pairs)
         slope = float(g @ p)
         if not slope < 0.0:  # not a descent direction: restart from steepest descent
@@ -170,3 +180,42 @@ def solve_optimum(
 
     result = lbfgs(fun, start, tol=tol, max_iter=max_iter, memory=20)
     return result.x, result.f
+
+
+@dataclass(frozen=True)
+class Floor:
+    """Outcome of :func:`loss_floor`. ``value``: the floor; ``certified``: it is a proven
+    lower bound on the minimum (``l2 > 0``), else it is the solver's best value;
+    ``f``, ``grad_norm``, ``iterations``, ``converged``: the solver's."""
+
+    value: float
+    certified: bool
+    f: float
+    grad_norm: float
+    iterations: int
+    converged: bool
+
+
+def loss_floor(
+    model: Model,
+    data: Dataset,
+    *,
+    tol: float = 1e-10,
+    max_iter: int = 5000,
+    stop: Callable[[], bool] | None = None,
+) -> Floor:
+    """The least ``model.loss`` can be on ``data``: L-BFGS from the model's initial point,
+    then, for ``l2 > 0``, the strong-convexity bound ``f* >= f(x) - |grad f(x)|^2 /
+    (2 l2)`` at the point it stopped (a lower bound however early it stopped; less the
+    rounding of ``f``'s evaluation, ``1e-12 |f|``), never below
+    0 (every loss here is non-negative). With ``l2 = 0`` there is no such bound: the value
+    is the solver's ``f``, at or above the minimum."""
+
+    def fun(x: FloatArray) -> tuple[float, FloatArray]:
+        return model.loss_grad(x, data)
+
+    r = lbfgs(fun, model.initial_point(), tol=tol, max_iter=max_iter, stop=stop)
+    certified = model.l2 > 0.0
+    value = r.f - r.grad_norm**2 / (2.0 * model.l2) - _ROUNDING * abs(r.f) if certified else r.f
+    return Floor(value=max(0.0, value), certified=certified, f=r.f, grad_norm=r.grad_norm,
+                 iterations=r.iterations, converged=r.converged)  # fmt: skip

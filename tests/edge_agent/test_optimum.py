@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 import pytest
 
-from aggregator.sim.optimum import lbfgs, solve_optimum
 from edge_agent.data import Dataset, make_rcv1_like, read_libsvm
 from edge_agent.errors import DataError
 from edge_agent.numerics.models import make_model
+from edge_agent.numerics.optimum import lbfgs, loss_floor, solve_optimum
 
 BREAST_CANCER = Path(__file__).resolve().parent.parent / "data" / "breast_cancer.svm"
 FloatArray = npt.NDArray[np.float64]
@@ -91,3 +92,40 @@ def test_wrong_start_shape_is_refused(breast_cancer: Dataset) -> None:
     model = make_model("logreg", n_features=30)
     with pytest.raises(DataError, match="x0"):
         solve_optimum(model, breast_cancer, x0=np.zeros(3))
+
+
+@pytest.mark.parametrize("kind", ["logreg", "lsq", "softmax"])
+def test_the_loss_floor_is_a_proven_bound_at_the_optimum(breast_cancer: Dataset, kind: str) -> None:
+    """Solved to its tolerance, the floor is under f* and within rounding of it."""
+    model = make_model(kind, n_features=30, n_classes=2, l2=1e-3)
+    _, f_star = solve_optimum(model, breast_cancer)
+    floor = loss_floor(model, breast_cancer)
+    assert floor.certified and floor.converged
+    assert floor.value <= f_star <= floor.value + 1e-9
+
+
+def _after(budget: int) -> Callable[[], bool]:
+    """A stop that lets ``budget`` iterations run."""
+    calls = iter(range(budget + 1))
+    return lambda: next(calls) >= budget
+
+
+def test_a_floor_stopped_early_is_still_below_the_optimum(rcv1_small: Dataset) -> None:
+    """The strong-convexity bound holds wherever the solver stops: after 0, 1 or 3
+    iterations it is below f* (loose), and it tightens as the solver goes on."""
+    model = make_model("logreg", n_features=3000, l2=1e-3)
+    _, f_star = solve_optimum(model, rcv1_small)
+    values = []
+    for budget in (0, 1, 3):
+        floor = loss_floor(model, rcv1_small, stop=_after(budget))
+        assert floor.iterations == budget and not floor.converged
+        assert 0.0 <= floor.value <= f_star
+        values.append(floor.value)
+    assert values[0] <= values[1] <= values[2] < f_star
+    assert loss_floor(model, rcv1_small).value == pytest.approx(f_star, abs=1e-9)
+
+
+def test_without_l2_the_floor_is_the_solvers_value(breast_cancer: Dataset) -> None:
+    model = make_model("lsq", n_features=30, l2=0.0)
+    floor = loss_floor(model, breast_cancer, max_iter=200)
+    assert not floor.certified and floor.value == pytest.approx(floor.f)
