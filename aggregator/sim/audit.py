@@ -13,7 +13,8 @@ Limits, each as a margin ``1 - used / allowed`` (>= 0: kept; negative: broken):
   matches them) are taken to share one gateway, whose RX1 answers go out on the sub-bands
   of the members' uplinks, so their unicast airtime together counts against
   ``sender_duty_cycle * duty_cycle_bands * elapsed_s`` (the fewest sub-bands of any
-  member; the engine paces the gateway the same way,
+  member), and whose RX2 answers (a ``sender_band``) against ``sender_duty_cycle *
+  elapsed_s`` of that one sub-band, apart (the engine paces the gateway the same way,
   :func:`aggregator.engine.downlink.broadcast.gateway_limit`, except for what goes to a
   group member alone, which no version waits for); more gateways would allow more;
 - each shared downlink group's sender duty cycle: the group's airtime (once per message)
@@ -42,8 +43,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from aggregator.engine.downlink.broadcast import network_of
+from aggregator.engine.downlink.broadcast import gateway_of
 from edge_agent.agent.loop import Agent
+from edge_agent.links.profiles import CostProfile
 
 DAY_S = 86_400.0
 HOUR_S = 3_600.0
@@ -100,7 +102,7 @@ def audit(
                           per_day / DAY_S, DAY_S))  # fmt: skip
 
     shared_seen: set[str] = set()
-    gateways: dict[str, list[float]] = {}  # network -> [unicast airtime, share, members]
+    gateways = _Gateways()
     for a in agents:
         p, me = a.profile, a.config.agent_id
         if p.duty_cycle is not None:  # the law, apart from any fair-use cap below
@@ -118,10 +120,7 @@ def audit(
         if down is not None and down.sender_duty_cycle is not None:
             unicast_air = a.ledger.down.airtime_s - group_air
             duty("downlink sender duty cycle", me, unicast_air, down.sender_duty_cycle)
-            gw = gateways.setdefault(network_of(p.name), [0.0, 1.0, 0.0])
-            gw[0] += unicast_air
-            gw[1] = min(gw[1], down.sender_duty_cycle * p.duty_cycle_bands)
-            gw[2] += 1
+            gateways.add(p, unicast_air)
         if p.max_downlinks_per_day is not None:
             daily("unicast daily cap", me, a.ledger.down.packets - frames, p.max_downlinks_per_day)
         if acct is None or shared is None or group in shared_seen:
@@ -132,10 +131,34 @@ def audit(
             duty("group sender duty cycle", group, acct["airtime_s"], shared.sender_duty_cycle)
         if shared.max_messages_per_day is not None:
             daily("group daily cap", group, acct["frames"], shared.max_messages_per_day)
-    for name, (used, share, members) in gateways.items():
-        if members > 1:  # one member: its own sender duty cycle above says as much
-            duty("gateway duty cycle", name, used, share)
+    for name, used, share in gateways.shared():
+        duty("gateway duty cycle", name, used, share)
     return out
+
+
+class _Gateways:
+    """Each gateway's unicast airtime over the run, the least share any of its members'
+    profiles allows it, and how many members it answers."""
+
+    def __init__(self) -> None:
+        self._air: dict[str, float] = {}
+        self._share: dict[str, float] = {}
+        self._members: dict[str, int] = {}
+
+    def add(self, profile: CostProfile, unicast_air_s: float) -> None:
+        down = profile.downlink
+        share = None if down is None else down.sender_share(profile.duty_cycle_bands)
+        if share is None:
+            return
+        name = gateway_of(profile)
+        self._air[name] = self._air.get(name, 0.0) + unicast_air_s
+        self._share[name] = min(self._share.get(name, 1.0), share)
+        self._members[name] = self._members.get(name, 0) + 1
+
+    def shared(self) -> list[tuple[str, float, float]]:
+        """(gateway, airtime, share) of each gateway answering more than one member (one
+        member: its own sender duty cycle says as much)."""
+        return [(n, self._air[n], self._share[n]) for n, m in self._members.items() if m > 1]
 
 
 def worst(margins: Sequence[Margin]) -> Margin | None:

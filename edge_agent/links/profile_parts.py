@@ -96,7 +96,10 @@ class DownlinkPart:
 
     ``sender_duty_cycle``: the duty cycle the *sender* of downlinks must keep (a LoRaWAN
     gateway's sub-band, for example); the aggregator paces what it sends to this device
-    accordingly. ``max_messages_per_day``: the network's cap on downlinks to one device per
+    accordingly. ``sender_band``: the one sub-band the sender sends every downlink to this
+    device on (a LoRaWAN answer in RX2: ``g3``, 869.4-869.65 MHz); None: the sub-band of the
+    uplink before it (RX1), so a gateway may spend its share in each of the uplink's
+    ``duty_cycle_bands`` (:meth:`sender_share`). ``max_messages_per_day``: the network's cap on downlinks to one device per
     day (community LoRaWAN networks: about 10, Sigfox: 4). None: no such limit.
 
     ``shared``: a shared delivery (a multicast group, periodic advertising) that reaches
@@ -111,6 +114,7 @@ class DownlinkPart:
     per_packet: MetricCosts = field(default_factory=dict)
     per_byte: MetricCosts = field(default_factory=dict)
     sender_duty_cycle: float | None = None
+    sender_band: str | None = None
     max_messages_per_day: int | None = None
     shared: SharedDownlink | None = None
     estimated: tuple[str, ...] = ()
@@ -124,6 +128,7 @@ class DownlinkPart:
         "per_packet": METRIC_COSTS,
         "per_byte": METRIC_COSTS,
         "sender_duty_cycle": optional(FRACTION),
+        "sender_band": optional(string()),
         "max_messages_per_day": optional(POSITIVE_INT),
         "shared": optional(model(SharedDownlink)),
         "estimated": TEXTS,
@@ -146,6 +151,15 @@ class DownlinkPart:
         if per_packet:
             out += per_packet * self.packet_count(link_bytes)
         return out
+
+    def sender_share(self, uplink_bands: int) -> float | None:
+        """The share of time a gateway may spend sending this device's network its
+        downlinks: ``sender_duty_cycle`` in each of the uplink's ``uplink_bands`` sub-bands
+        (RX1), or in its one ``sender_band``; None without a sender duty cycle."""
+        if self.sender_duty_cycle is None:
+            return None
+        bands = uplink_bands if self.sender_band is None else 1
+        return min(1.0, self.sender_duty_cycle * bands)
 
     def sender_silence_s(self, airtime_s: float) -> float:
         """Seconds the sender must stay silent after ``airtime_s`` of downlink."""

@@ -66,6 +66,24 @@ def test_the_gateway_sends_the_members_downlinks_one_after_another() -> None:
     assert back.next_version_at == eng.next_version_at  # checkpointed with the pacing
 
 
+def test_rx2_answers_go_through_the_gateways_ten_percent_sub_band() -> None:
+    """Members answered in RX2 (869.525 MHz) share the gateway's one 10 % sub-band: each
+    downlink keeps it busy for ten times its airtime, on a timeline of its own."""
+    name = "lorawan_eu868_dr0_sf12_rx2_private"
+    profile = resolve_profile(name)
+    eng, size = _published(name, 3)
+    gateway = gateway_limit(profile, size)
+    assert gateway is not None
+    network, busy_s = gateway
+    assert network == "lorawan_eu868/g3"
+    cost = profile.downlink_cost(size)
+    assert busy_s == pytest.approx(cost.airtime_s / 0.1)
+    assert eng.next_version_at == pytest.approx(1.0 + 3 * busy_s)
+    eng.traffic.may_close(1.0 + 2 * busy_s, None, eng.registry)
+    hold = eng.traffic.hold(1.0 + 2 * busy_s, eng.registry)
+    assert hold is not None and hold.held_by == ("#lorawan_eu868/g3",)
+
+
 def test_a_capped_network_waits_for_its_cap_not_for_the_gateway() -> None:
     eng, size = _published(TTN, 3)
     profile = resolve_profile(TTN)

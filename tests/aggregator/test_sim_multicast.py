@@ -85,6 +85,19 @@ def test_a_private_network_is_paced_by_its_gateway_and_keeps_every_limit(
     assert not [m for m in private["law"] if m["limit"] in (FUP, "unicast daily cap")]
 
 
+def test_rx2_answers_share_the_gateways_ten_percent_apart_from_rx1(tmp_path: Path) -> None:
+    """SF12 members answered in RX2 and SF7 members in RX1 on one private network: the
+    audit checks two gateway budgets, the RX2 sub-band's 10 % and RX1's 1 % per uplink
+    sub-band, and both are kept (the engine paces them apart)."""
+    rec = _run(tmp_path, "rx2", "--agents", "4", "--profiles",
+               "lorawan_eu868_dr5_sf7_private,lorawan_eu868_dr0_sf12_rx2_private")  # fmt: skip
+    assert rec["rounds"] is not None
+    gateways = {m["who"]: m for m in rec["law"] if m["limit"] == "gateway duty cycle"}
+    assert set(gateways) == {"lorawan_eu868", "lorawan_eu868/g3"}
+    assert all(m["margin"] >= 0.0 for m in gateways.values())
+    assert rec["audit_worst_margin"] >= 0.0, rec["audit_worst_limit"]
+
+
 def test_the_table_names_each_runs_binding_limit(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main([*TINY, *FLEET, "--no-progress"]) == 0
     out = capsys.readouterr().out

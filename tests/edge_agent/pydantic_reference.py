@@ -110,6 +110,7 @@ class DownlinkPart(Frozen):
     per_packet: MetricCosts = Field(default_factory=dict)
     per_byte: MetricCosts = Field(default_factory=dict)
     sender_duty_cycle: Fraction | None = None
+    sender_band: str | None = None
     max_messages_per_day: PositiveInt | None = None
     shared: SharedDownlink | None = None
     estimated: tuple[str, ...] = ()

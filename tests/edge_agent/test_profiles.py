@@ -500,6 +500,7 @@ def test_costs_are_nondecreasing_in_size(profile: CostProfile, sizes: list[int])
 
 LORAWAN = [s for s in SHIPPED if s.startswith("lorawan_")]
 LORAWAN_EU868 = [s for s in LORAWAN if "_eu868_" in s]
+LORAWAN_RX2 = [s for s in LORAWAN if "_rx2" in s]  # class A answers in RX2 at DR3
 # radios whose receive current is well below their transmit current, and whose downlink
 # adds no transmission or listening window of its own: receiving any message costs less
 RX_CHEAPER = [*LORAWAN, "nbiot_udp_psm_rai", "ltem_udp_psm"]
@@ -532,8 +533,10 @@ def test_lorawan_downlinks_split_at_the_rx1_payload_size(stem: str) -> None:
     profile = load_profile(REPO_PROFILES / f"{stem}.json")
     assert profile.downlink is not None
     n = profile.downlink.max_payload_bytes
-    # EU868 RX1 uses the uplink's data rate, hence its N; US915 RX1 uses DR10-DR13 (N = 242)
-    assert n == (profile.max_payload_bytes if stem in LORAWAN_EU868 else 242)
+    # EU868 RX1 uses the uplink's data rate, hence its N; US915 RX1 uses DR10-DR13 (N = 242);
+    # an EU868 answer in RX2 goes at DR3 (N = 115)
+    rx1 = profile.max_payload_bytes if stem in LORAWAN_EU868 else 242
+    assert n == (115 if stem in LORAWAN_RX2 else rx1)
     assert n is not None
     assert profile.downlink_cost(n).packets == 1
     assert profile.downlink_cost(n + 1).packets == 2
@@ -555,7 +558,34 @@ def test_lorawan_eu868_downlinks_are_capped_at_ten_a_day(stem: str) -> None:
     profile = load_profile(REPO_PROFILES / f"{stem}.json")
     private = stem.endswith("_private")  # a private network server: the law's limits only
     assert profile.max_downlinks_per_day == (None if private else 10)
-    assert profile.downlink is not None and profile.downlink.sender_duty_cycle == 0.01
+    assert profile.downlink is not None
+    if stem in LORAWAN_RX2:  # the gateway's 10 % on 869.525 MHz, one sub-band for all
+        assert (profile.downlink.sender_duty_cycle, profile.downlink.sender_band) == (0.1, "g3")
+        assert profile.downlink.sender_share(profile.duty_cycle_bands) == 0.1
+    else:  # RX1: 1 % on the uplink's sub-band, so the gateway's share spans its bands
+        assert (profile.downlink.sender_duty_cycle, profile.downlink.sender_band) == (0.01, None)
+        share = profile.downlink.sender_share(profile.duty_cycle_bands)
+        assert share == pytest.approx(0.01 * profile.duty_cycle_bands)
+
+
+@pytest.mark.parametrize("stem", LORAWAN_RX2)
+def test_an_rx2_profile_is_its_sf12_radio_answered_at_dr3(stem: str) -> None:
+    """The uplink is the RX1 profile's, bit for bit; the downlink is DR3's (SF9, 115 B): a
+    full frame 144.4 ms + 115 x 4.551 ms on air, received at 36.3 mW."""
+    rx2 = load_profile(REPO_PROFILES / f"{stem}.json")
+    rx1 = load_profile(REPO_PROFILES / f"{stem.replace('_rx2', '')}.json")
+    for size in (1, 51, 500):
+        assert rx2.message_cost(size) == rx1.message_cost(size)
+    assert rx2.uplink_airtime_per_day_s == rx1.uplink_airtime_per_day_s
+    assert rx2.max_downlinks_per_day == rx1.max_downlinks_per_day
+    frame = rx2.downlink_cost(115)
+    assert frame.packets == 1 and frame.bytes_on_air == 128
+    assert frame.airtime_s == pytest.approx(0.1444 + 115 * 0.004551)
+    assert frame.energy_j == pytest.approx(frame.airtime_s * 0.0363, rel=1e-3)
+    # the same 1.7 kB message: 15 frames instead of 34, a ninth of the time on air
+    big, old = rx2.downlink_cost(1700), rx1.downlink_cost(1700)
+    assert (big.packets, old.packets) == (15, 34)
+    assert big.airtime_s < old.airtime_s / 9
 
 
 @pytest.mark.parametrize("stem", [s for s in LORAWAN_EU868 if s.endswith("_private")])

@@ -488,16 +488,26 @@ def network_of(profile_name: str) -> str:
 
 def gateway_limit(profile: CostProfile, size_bytes: int) -> tuple[str, float] | None:
     """The gateway a unicast downlink of ``size_bytes`` on ``profile`` takes, and for how
-    long: ``(network, airtime / (sender_duty_cycle * duty_cycle_bands))``. The sender's
-    duty cycle is the gateway's, and a class A answer goes out on the sub-band of the
-    uplink before it, so the gateway may spend its share in each sub-band the members'
-    uplinks use; every member of the network shares it (one gateway: more would allow
+    long: ``(gateway, airtime / share)``. The sender's duty cycle is the gateway's; a class
+    A answer in RX1 goes out on the sub-band of the uplink before it, so the gateway may
+    spend its share in each sub-band the members' uplinks use, while answers in RX2 all
+    share its one sub-band (:meth:`~edge_agent.links.profile_parts.DownlinkPart.sender_share`).
+    The gateway is the network's (:func:`network_of`), with ``/<band>`` for a fixed
+    ``sender_band``: every member of the network shares it (one gateway: more would allow
     more). None for a downlink without a sender duty cycle."""
     down = profile.downlink
-    if down is None or down.sender_duty_cycle is None:
+    share = None if down is None else down.sender_share(profile.duty_cycle_bands)
+    if down is None or share is None:
         return None
-    share = min(1.0, down.sender_duty_cycle * profile.duty_cycle_bands)
-    return network_of(profile.name), profile.downlink_cost(size_bytes).airtime_s / share
+    return gateway_of(profile), profile.downlink_cost(size_bytes).airtime_s / share
+
+
+def gateway_of(profile: CostProfile) -> str:
+    """The gateway timeline a unicast member on ``profile`` is answered on: its network,
+    and the sub-band when its downlinks all go on one (``lorawan_eu868/g3`` for RX2)."""
+    band = None if profile.downlink is None else profile.downlink.sender_band
+    network = network_of(profile.name)
+    return network if band is None else f"{network}/{band}"
 
 
 def shared_limit(shared: SharedDownlink, size_bytes: int) -> tuple[float, DownlinkLimit]:
