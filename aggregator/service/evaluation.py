@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Final, Literal
 
-from aggregator.engine.rounds import Evaluator, FloatArray
+from aggregator.engine.rounds import FloatArray
 from aggregator.service.settings import Settings, SettingsError
 from edge_agent.data import Dataset, load_dataset
 from edge_agent.errors import CatEdgeError
@@ -76,12 +76,6 @@ class Evaluation:
     def evaluate(self, x: FloatArray) -> tuple[float, float | None]:
         """``x -> (loss, accuracy)`` on the evaluation data (the engine's evaluator)."""
         return self.model.loss(x, self.data), self.model.accuracy(x, self.data)
-
-
-def build_evaluator(settings: Settings) -> Evaluator | None:
-    """``x -> (loss, accuracy)`` on ``settings.eval_data``, or None when unset."""
-    evaluation = Evaluation.load(settings)
-    return None if evaluation is None else evaluation.evaluate
 
 
 class LossFloor:

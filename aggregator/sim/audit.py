@@ -43,7 +43,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from aggregator.engine.downlink.broadcast import gateway_of
+from aggregator.engine.downlink.broadcast import gateway_share
 from edge_agent.agent.loop import Agent
 from edge_agent.links.profiles import CostProfile
 
@@ -146,11 +146,10 @@ class _Gateways:
         self._members: dict[str, int] = {}
 
     def add(self, profile: CostProfile, unicast_air_s: float) -> None:
-        down = profile.downlink
-        share = None if down is None else down.sender_share(profile.duty_cycle_bands)
-        if share is None:
+        gateway = gateway_share(profile)
+        if gateway is None:
             return
-        name = gateway_of(profile)
+        name, share = gateway
         self._air[name] = self._air.get(name, 0.0) + unicast_air_s
         self._share[name] = min(self._share.get(name, 1.0), share)
         self._members[name] = self._members.get(name, 0) + 1

@@ -99,8 +99,9 @@ class DownlinkPart:
     accordingly. ``sender_band``: the one sub-band the sender sends every downlink to this
     device on (a LoRaWAN answer in RX2: ``g3``, 869.4-869.65 MHz); None: the sub-band of the
     uplink before it (RX1), so a gateway may spend its share in each of the uplink's
-    ``duty_cycle_bands`` (:meth:`sender_share`). ``max_messages_per_day``: the network's cap on downlinks to one device per
-    day (community LoRaWAN networks: about 10, Sigfox: 4). None: no such limit.
+    ``duty_cycle_bands`` (:meth:`sender_share`). ``max_messages_per_day``: the network's
+    cap on downlinks to one device per day (community LoRaWAN networks: about 10, Sigfox:
+    4). None: no such limit.
 
     ``shared``: a shared delivery (a multicast group, periodic advertising) that reaches
     every member with one transmission (:class:`edge_agent.links.shared.SharedDownlink`);

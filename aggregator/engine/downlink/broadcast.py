@@ -495,19 +495,23 @@ def gateway_limit(profile: CostProfile, size_bytes: int) -> tuple[str, float] | 
     The gateway is the network's (:func:`network_of`), with ``/<band>`` for a fixed
     ``sender_band``: every member of the network shares it (one gateway: more would allow
     more). None for a downlink without a sender duty cycle."""
+    gateway = gateway_share(profile)
+    if gateway is None:
+        return None
+    name, share = gateway
+    return name, profile.downlink_cost(size_bytes).airtime_s / share
+
+
+def gateway_share(profile: CostProfile) -> tuple[str, float] | None:
+    """The gateway timeline a unicast member on ``profile`` is answered on (its network,
+    and the sub-band when its downlinks all go on one: ``lorawan_eu868/g3`` for RX2) and
+    the share of time the gateway may send on it; None without a sender duty cycle."""
     down = profile.downlink
     share = None if down is None else down.sender_share(profile.duty_cycle_bands)
     if down is None or share is None:
         return None
-    return gateway_of(profile), profile.downlink_cost(size_bytes).airtime_s / share
-
-
-def gateway_of(profile: CostProfile) -> str:
-    """The gateway timeline a unicast member on ``profile`` is answered on: its network,
-    and the sub-band when its downlinks all go on one (``lorawan_eu868/g3`` for RX2)."""
-    band = None if profile.downlink is None else profile.downlink.sender_band
     network = network_of(profile.name)
-    return network if band is None else f"{network}/{band}"
+    return (network if down.sender_band is None else f"{network}/{down.sender_band}"), share
 
 
 def shared_limit(shared: SharedDownlink, size_bytes: int) -> tuple[float, DownlinkLimit]:
