@@ -68,6 +68,13 @@ class LocalMember:
         """Whether this member's state moved away from a fresh start."""
         return self.x is not None and (self.coefs is not None or bool(self._sent))
 
+    def skips(self, version: int, held: int | None) -> bool:
+        """Whether to leave a job-wide snapshot of ``version`` unloaded while the copy is at
+        ``held``: a started member's own state follows every LOCAL operation, so it asks
+        for the steps instead (after a restart of the aggregator, its retained snapshot may
+        be ahead) and loads a snapshot, starting again, only when one answers it."""
+        return self.started and held is not None and version > held
+
     def change(self, y: FloatArray, v: FloatArray, grad: RowsGradient) -> FloatArray:
         """This round's change to send: ``x_i - y_h`` after the local steps (``y_h``: the
         anchor after the same steps); all zero before the first communication."""

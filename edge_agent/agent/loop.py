@@ -376,8 +376,12 @@ class Agent:
             self.counters.drop("wrong_job")
             return
         had, held = self.replica.x is not None, self.replica.version
-        refused = self.replica.apply(m)
         snapshot = isinstance(m, Snapshot | StateSnapshot)
+        if snapshot and not addressed and self.local and self.local.skips(m.version, held):
+            self.counters.drop("snapshot_ahead")  # the steps keep this member's own state
+            self._need("steps")
+            return
+        refused = self.replica.apply(m)
         if refused is None and self.local is not None:
             if snapshot and self.local.started and m.version != held:  # lost track: rejoin
                 self.replica.exchanges.clear()

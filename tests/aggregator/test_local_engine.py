@@ -142,6 +142,40 @@ def test_a_checkpoint_continues_exactly_as_the_live_engine() -> None:
         assert all(np.array_equal(a.u[m], b.u[m]) for m in a.u)
 
 
+def test_a_restart_between_checkpoint_and_publish_keeps_every_members_state_exact() -> None:
+    """Regression (the SIGKILL test's ``zmq-local-auto`` case, about once in 20 CI runs):
+    the aggregator checkpointed version 13 and died before publishing its steps. The
+    restarted one publishes its retained snapshot of 13 to members still at 12; a member
+    that loaded it would start again from the anchor and the run would leave the one
+    without a crash. The members ask for the steps instead, which the checkpoint kept."""
+    ref = RoundEngine(_config())
+    live = RoundEngine(_config())
+    with _fleet(ref) as calm, _fleet(live) as fleet:
+        _rounds(calm, 17)
+        _rounds(fleet, 12)
+        fleet.step()
+        for msg in list(fleet.waiting()):  # version 13 closes; its steps are never sent
+            live.handle(msg.topic, msg.payload, fleet.clock.now)
+        assert live.version == 13
+        fleet.engine = restored = RoundEngine.restore(_config(), live.export())
+        fleet.publish(restored.snapshot_message(), restored.resync_message())
+        fleet.deliver()
+        for agent in fleet.agents:  # still at 12, asking for the steps 12 -> 13
+            assert agent.version == 12 and agent.counters.dropped == {"snapshot_ahead": 1}
+        fleet.clock.now += 1.0
+        fleet.pump(strict=False)  # their requests (and resync's duplicates) are answered
+        fleet.deliver()
+        assert all(a.version == 13 and a.counters.snapshots == 1 for a in fleet.agents)
+        fleet.clock.now += 1.0
+        _rounds(fleet, 4)
+        _exact(fleet, restored)
+        assert restored.version == ref.version == 17
+        assert np.array_equal(restored.model.x, ref.model.x)  # the run without a crash
+        for a, b in zip(fleet.agents, calm.agents, strict=True):
+            assert a.local is not None and b.local is not None
+            assert np.array_equal(a.local.u, b.local.u)
+
+
 def test_a_drawn_schedule_announces_each_rounds_steps_and_keeps_every_copy_exact() -> None:
     """``AGG_COMM_PROB``: each LOCAL operation announces the next round's drawn count (the
     job's stream, :func:`round_steps`), every member takes exactly that many local steps

@@ -418,6 +418,13 @@ class Broadcast:
             out["ops"] = [base64.b64encode(op).decode("ascii") for op in self._ops]
             agg = self._agg_at_version
             out["agg_at_version"] = None if agg is None else b64_array(agg)
+        # local training: a member's state follows every LOCAL operation, so a restart
+        # keeps them for catch-ups (a member one version behind gets steps, not a reset)
+        out["local_history"] = [
+            [s.base_version, s.version, [base64.b64encode(op).decode("ascii") for op in s.ops]]
+            for s in self._history
+            if s.family == "local"
+        ]
         return out
 
     def restore(self, data: dict[str, Any] | None) -> None:
@@ -426,6 +433,12 @@ class Broadcast:
         self._ops_complete = False
         self._agg_at_version = None
         data = data or {}
+        self._history.clear()
+        for base, version, ops in data.get("local_history", []):
+            ops_b = tuple(base64.b64decode(op) for op in ops)
+            self._history.append(
+                StepsParts(self.job, self.d, int(base), int(version), "local", ops_b)
+            )
         if self.mode in ("cat", "auto") and data.get("w"):
             w = array_from_b64(data["w"], self.d)
             if w is not None:
