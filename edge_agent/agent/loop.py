@@ -377,7 +377,8 @@ class Agent:
             return
         had, held = self.replica.x is not None, self.replica.version
         snapshot = isinstance(m, Snapshot | StateSnapshot)
-        if snapshot and not addressed and self.local and self.local.skips(m.version, held):
+        local = self.local
+        if snapshot and not addressed and local is not None and local.skips(m.version, held):
             self.counters.drop("snapshot_ahead")  # the steps keep this member's own state
             self._need("steps")
             return
