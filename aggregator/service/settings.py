@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -44,28 +43,21 @@ from aggregator.engine.admission import MAX_PAYLOAD_BYTES, Limits, MacPolicy
 from aggregator.engine.downlink.broadcast import DownlinkMode
 from aggregator.engine.robust_round import parse_aggregation
 from aggregator.engine.rounds import EngineConfig
-from edge_agent.errors import CatEdgeError, ProfileError
-from edge_agent.links.profiles import (
-    PROFILES_DIR_ENV,
-    default_profiles_dir,
-    list_profiles,
-    load_profile,
-)
+from aggregator.service.errors import SettingsError
+from aggregator.service.profiles import profile_problem
+from edge_agent.errors import CatEdgeError
 from edge_agent.numerics.local import DEFAULT_CHI, DEFAULT_RHO, LocalConfig, check_passes
 from edge_agent.protocol import topics
 from edge_agent.protocol.mac import MacKeyError, read_keys_dir
 from edge_agent.protocol.signing import CountingSigner, SigningKeyError, read_secret_key
 from edge_agent.transports import parse_url
 
+#: SettingsError is the settings' error; it lives in errors.py so profiles.py can raise it
+__all__ = ["Settings", "SettingsError", "env_name", "load_settings"]
+
 ENV_PREFIX = "AGG_"
 CONFIG_FILE_ENV = "AGG_CONFIG_FILE"
 MQTT_SCHEMES = ("mqtt", "mqtts")
-#: what a hello may name as its cost profile: a bare name (never a path on this machine)
-_PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-
-
-class SettingsError(CatEdgeError, ValueError):
-    """Invalid configuration; the message names the environment variable(s) to fix."""
 
 
 def env_name(field: str) -> str:
@@ -582,54 +574,6 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, ConfigFileSource(settings_cls))
-
-
-def check_profiles_dir() -> Path:
-    """The cost profiles directory the aggregator prices updates with
-    (``CAT_EDGE_PROFILES_DIR``, else the shipped one), once checked: SettingsError naming
-    the variable, the path and the fix when it does not exist, holds no profile, or holds
-    an invalid one (every update would otherwise be priced as bytes only)."""
-    directory = default_profiles_dir()
-    if os.environ.get(PROFILES_DIR_ENV):
-        where = f"{PROFILES_DIR_ENV}={directory}"
-        fix = (
-            f"set {PROFILES_DIR_ENV} to a directory of cost profiles (<name>.json, as the "
-            "repository's cost_profiles/), or unset it to use the shipped ones"
-        )
-    else:
-        where = f"the shipped cost profiles {directory} ({PROFILES_DIR_ENV} is unset)"
-        fix = f"set {PROFILES_DIR_ENV} to a directory of cost profiles (<name>.json)"
-    if not directory.is_dir():
-        raise SettingsError(f"{where}: no such directory; {fix}")
-    try:
-        found = list_profiles(directory)
-    except ProfileError as exc:
-        raise SettingsError(f"{PROFILES_DIR_ENV}: {exc}") from None
-    if not found:
-        raise SettingsError(f"{where}: holds no cost profile (*.json); {fix}")
-    return directory
-
-
-def profile_problem(name: str) -> str | None:
-    """None when the cost profile a hello names is in the profiles directory, else why not
-    and the fix (the hello is refused ``unknown_profile``, never priced at zero). Read at
-    each hello, so a profile added to the directory is found without a restart."""
-    if not _PROFILE_NAME.fullmatch(name) or name.endswith(".json"):
-        return f"{name[:64]!r} is not a cost profile name; run the agent with --profile <name>"
-    directory = default_profiles_dir()
-    path = directory / f"{name}.json"
-    if not path.is_file():
-        known = sorted(p.stem for p in directory.glob("*.json")) if directory.is_dir() else []
-        return (
-            f"cost profile {name!r} is not in the aggregator's {directory} "
-            f"({PROFILES_DIR_ENV}); add {name}.json there or run the agent with one of: "
-            f"{', '.join(known) or 'none'}"
-        )
-    try:
-        load_profile(path)
-    except ProfileError as exc:
-        return f"the aggregator cannot read its cost profile: {exc}"
-    return None
 
 
 class ConfigFileSource(PydanticBaseSettingsSource):

@@ -41,13 +41,8 @@ from typing import Any, NoReturn
 from aggregator.service.datalock import DataDirInUse, DataDirLock
 from aggregator.service.ingest import AggregatorService
 from aggregator.service.logs import configure_service, log_options
-from aggregator.service.settings import (
-    Settings,
-    SettingsError,
-    check_profiles_dir,
-    env_name,
-    load_settings,
-)
+from aggregator.service.profiles import check_profiles_dir
+from aggregator.service.settings import Settings, SettingsError, env_name, load_settings
 from aggregator.web.agent_metrics import max_agents_from
 from aggregator.web.metrics import AggregatorMetrics
 from edge_agent.errors import CatEdgeError, TransportConfigError, TransportError, lookup

@@ -28,8 +28,9 @@ from edge_agent.agent.config import AgentConfig, CurvatureName, FeedbackName
 from edge_agent.agent.ledger import AgentCounters, CostLedger, RoundLog
 from edge_agent.agent.localtrain import LocalMember
 from edge_agent.agent.minibatch import for_agent
+from edge_agent.agent.radio import Uplink
 from edge_agent.agent.replica import Replica
-from edge_agent.agent.sealer import Outgoing, Sealer
+from edge_agent.agent.sealer import Sealer
 from edge_agent.agent.signatures import SignatureCheck
 from edge_agent.data import Dataset
 from edge_agent.errors import TransportError, WireFormatError
@@ -91,7 +92,6 @@ class Agent:
         self.model = model
         self.data = data
         self.profile = profile
-        self.transport = transport
         self.clock = clock
         #: the counter and MAC of what it sends (the wall clock feeds the counter)
         self.sealer = Sealer(config.mac_key, config.job, config.agent_id, wall_clock)
@@ -146,6 +146,10 @@ class Agent:
         self.seq = 0
         self.rounds = 0
         self.ledger = CostLedger()
+        #: what it sends: priced into the ledger, paced by the radio's duty cycle
+        self.uplink = Uplink(
+            transport, profile, self.ledger, self.sealer, duty_cycle=config.duty_cycle, clock=clock
+        )
         self.counters = AgentCounters()
         #: the aggregator's signatures, checked before anything is parsed
         self.signatures = SignatureCheck(
@@ -166,9 +170,7 @@ class Agent:
         self._closed = False
         self._last_blob: bytes | None = None
         self._last_progress = clock()
-        self._quiet_until = 0.0
         self._resend_wanted = False
-        self._outbox: list[tuple[str, Outgoing]] = []
         #: what the replica lacks and when it may ask again (edge_agent/agent/catchup.py)
         self.catchup = CatchUp(config.resend_s or 30.0)
         self._fresh = True
@@ -218,7 +220,7 @@ class Agent:
         )
         # no separate "online" status: a hello marks the agent online at the aggregator, and
         # on a duty-cycled radio every message costs minutes of silence
-        self._send_control(topics.hello(job, me), hello)
+        self.uplink.send_control(topics.hello(job, me), hello)
         self._last_progress = self.clock()
         if self.x is None:
             self._need("snapshot", startup=True)
@@ -231,46 +233,14 @@ class Agent:
 
     def _maybe_request(self) -> bool:
         """Send the wanted request if its back-off passed and the radio may send."""
-        now = self.clock()
-        if self.config.duty_cycle == "wait" and now < self._quiet_until:
+        if self.uplink.quiet():
             return False
-        req = self.catchup.request(now, self.version)
+        req = self.catchup.request(self.clock(), self.version)
         if req is None:
             return False
         self.counters.requests += 1
-        self._publish(self._topic_request, self.sealer.seal(req), update=False)
+        self.uplink.publish(self._topic_request, self.sealer.seal(req), update=False)
         return True
-
-    def _send_control(self, topic: str, msg: Outgoing) -> None:
-        """Control traffic costs radio time too: it goes into the ledger (not as an update),
-        and under ``duty_cycle="wait"`` it waits, like updates, until the radio may send
-        (the newest message per topic is kept; :meth:`run` sends it when the silence ends).
-        It is sealed when it goes out, so its counter is above every one sent before."""
-        if self.config.duty_cycle == "wait" and self.clock() < self._quiet_until:
-            self._outbox = [(t, p) for t, p in self._outbox if t != topic]
-            self._outbox.append((topic, msg))
-            return
-        self._publish(topic, self.sealer.seal(msg), update=False)
-
-    def _publish(self, topic: str, payload: bytes, *, update: bool) -> MessageCost:
-        """Send one message, account it, and owe the radio's duty-cycle silence after it:
-        the radio may send again after ``airtime / uplink_duty_share`` seconds."""
-        self.transport.publish(topic, payload)
-        cost = self.profile.message_cost(len(payload))
-        self.ledger.add(cost, update=update)
-        now = self.clock()
-        self._quiet_until = max(self._quiet_until, now) + cost.airtime_s + cost.silence_s
-        owed, duty = self._quiet_until - now, self.profile.duty_cycle or 1.0
-        if self.config.duty_cycle == "wait" and owed >= 5.0:  # a few seconds: worth a line
-            bands = self.profile.duty_cycle_bands
-            log.info("radio silent for %.1f s (duty cycle %.3g %%%s)", owed, 100 * duty,
-                     f" in each of {bands} sub-bands" if bands > 1 else "")  # fmt: skip
-        return cost
-
-    def _flush_outbox(self) -> None:
-        """Send the oldest waiting control message (one: each owes its own silence)."""
-        topic, msg = self._outbox.pop(0)
-        self._publish(topic, self.sealer.seal(msg), update=False)
 
     def stop(self) -> None:
         """Ask :meth:`run` to return (safe from a signal handler or another thread)."""
@@ -288,22 +258,15 @@ class Agent:
             return
         self._closed = True
         try:
-            quiet = self.config.duty_cycle == "wait" and self.clock() < self._quiet_until
+            quiet = self.uplink.quiet()
             if quiet:
-                log.info(
-                    "no goodbye: the radio owes %.1f s of duty-cycle silence",
-                    self._quiet_until - self.clock(),
-                )
+                log.info("no goodbye: the radio owes %.1f s of duty-cycle silence",
+                         self.uplink.owed_s())  # fmt: skip
             if self._started and not quiet:
                 status = messages.Status(
                     state=state, agent=self.config.agent_id, round=self.version
                 )
-                payload = self.sealer.seal(status)
-                self.transport.publish(
-                    topics.status(self.config.job, self.config.agent_id), payload
-                )
-                # the goodbye goes on the air too: the ledger's ``up`` counts every message
-                self.ledger.add(self.profile.message_cost(len(payload)), update=False)
+                self.uplink.goodbye(topics.status(self.config.job, self.config.agent_id), status)
         except TransportError as exc:  # the transport was closed under us: nothing to say
             log.warning("could not say goodbye (%s): %s", state, exc)
         finally:
@@ -356,6 +319,11 @@ class Agent:
                 log.warning("dropped a malformed message on %s: %s", msg.topic, exc.reason)
 
     @property
+    def transport(self) -> Transport:
+        """The transport it sends and receives on (owned by its :class:`Uplink`)."""
+        return self.uplink.transport
+
+    @property
     def x(self) -> FloatArray | None:
         """This agent's model copy (None until the first snapshot)."""
         return self.replica.x
@@ -368,7 +336,7 @@ class Agent:
     def radio_free_at(self) -> float:
         """When the radio may send again (clock time): the duty-cycle silence its last
         message owes is served then, whether ``duty_cycle`` waits for it or not."""
-        return self._quiet_until
+        return self.uplink.free_at
 
     def _handle_model(self, payload: bytes, *, addressed: bool) -> None:
         m = decode_downlink(payload)
@@ -567,7 +535,7 @@ class Agent:
             mac_key=cfg.mac_key,
         )
         t4 = time.perf_counter()
-        cost = self._publish(self._topic_update, blob, update=True)
+        cost = self.uplink.publish(self._topic_update, blob, update=True)
         t5 = time.perf_counter()
         # Only once the transport has it: the memory must match what the aggregator applies.
         self.feedback.commit(v, update)
@@ -637,7 +605,7 @@ class Agent:
             return
         self.counters.resends += 1
         log.info("re-sending the update for round %s (no new model for a while)", self.sent_version)
-        self._publish(self._topic_update, self._last_blob, update=False)
+        self.uplink.publish(self._topic_update, self._last_blob, update=False)
         self._last_progress = self.clock()
 
     # ------------------------------------------------------------------ the loop
@@ -668,10 +636,10 @@ class Agent:
         ):
             self.finished = True
             return False
-        if cfg.duty_cycle == "wait" and now < self._quiet_until:
+        if self.uplink.quiet():
             return True  # the radio owes silence: nothing may go out
-        if self._outbox:
-            self._flush_outbox()
+        if self.uplink.waiting:
+            self.uplink.flush_one()
         elif self.catchup.ready(now):  # the radio may send (checked above)
             self._maybe_request()
         elif self.due:

@@ -20,7 +20,8 @@ from fastapi.testclient import TestClient
 
 from aggregator.service.datalock import LOCK_FILE, DataDirInUse, DataDirLock
 from aggregator.service.logs import CHECKPOINT_LOG_EVERY, configure_service
-from aggregator.service.settings import Settings, SettingsError, check_profiles_dir
+from aggregator.service.profiles import check_profiles_dir
+from aggregator.service.settings import Settings, SettingsError
 from aggregator.web.app import create_app
 from edge_agent.cli.logs import JsonFormatter
 from edge_agent.links.profiles import PROFILES_DIR_ENV, default_profiles_dir

@@ -237,7 +237,7 @@ def test_close_says_goodbye_even_while_the_transport_reports_no_connection(
     memory_url: str, peer: Peer, shard: Dataset
 ) -> None:
     agent = make_agent(memory_url, shard)
-    agent.transport = _Reconnecting(memory_url, role="agent", client_id="a1")
+    agent.uplink.transport = _Reconnecting(memory_url, role="agent", client_id="a1")
     agent.start()
     agent.close("done")
     peer.pump()

@@ -63,7 +63,7 @@ def test_a_long_duty_cycle_silence_is_logged_when_it_starts(
     caplog.set_level(logging.INFO, logger="edge_agent")
     agent = _agent(memory_url, "wait")
     agent.start()  # the hello goes out; the snapshot request waits for the silence to end
-    owed = agent._quiet_until - NOW
+    owed = agent.uplink.free_at - NOW
     assert owed >= 5.0  # a LoRaWAN hello at SF7 owes tens of seconds at 1 % in each sub-band
     line = f"radio silent for {owed:.1f} s (duty cycle 1 % in each of 2 sub-bands)"
     assert _lines(caplog).count(line) == 1

@@ -99,7 +99,7 @@ def test_requests_wait_for_the_duty_cycle(memory_url: str) -> None:
     )
     agent.start()
     agent.handle(plain_snapshot(0))
-    quiet_until = agent._quiet_until
+    quiet_until = agent.uplink.free_at
     assert quiet_until > clock.t + 1.0  # the hello owes the radio silence
     requests(peer)
     agent.handle(ef21_steps(0))
@@ -149,7 +149,7 @@ def test_the_start_up_request_survives_the_retained_snapshot(memory_url: str) ->
     agent.start()
     assert requests(peer) == []  # the hello's airtime: the request waits
     agent.handle(plain_snapshot(0))
-    clock.t = agent._quiet_until
+    clock.t = agent.uplink.free_at
     agent._tick()
     assert [r.have for r in requests(peer)] == [None]
     answer = encode_state(np.zeros(D), job=JOB, version=5, aggregate=np.zeros(D))
