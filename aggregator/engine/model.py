@@ -141,6 +141,10 @@ class JobModel:
         """The merged steps from ``have`` to ``version`` (None: not held)."""
         return self._down.catch_up(have, version)
 
+    def latest(self, version: int) -> Outbound | None:
+        """The broadcast that ended at ``version``, if held (None: a snapshot must go)."""
+        return None if self._down.mode == "delta" else self._down.history.latest(version)
+
     # ------------------------------------------------------------------ changes
 
     def evaluate(self) -> None:

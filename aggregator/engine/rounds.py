@@ -190,6 +190,13 @@ class RoundEngine(EngineView):
         """Control ``resync``: the aggregator (re)started at this version."""
         return self.lifecycle.resync(self.version)
 
+    def restart_message(self) -> Outbound:
+        """What the fleet receives when the service (re)starts: the current version's own
+        steps when they are held (a member one version behind, because the process died
+        before it published them, applies them; the others drop them as old), else the
+        retained state snapshot (a fresh job's initial model, or steps no longer held)."""
+        return self.model.latest(self.version) or self.snapshot_message()
+
     def snapshot_message(self) -> Outbound:
         """The model agents hold (and for EF21 jobs replicated exactly, the aggregate h
         their steps need) as a retained state snapshot on ``cat/<job>/model``."""

@@ -225,12 +225,13 @@ class AggregatorService:
             self._store.close()
             self._data_lock.release()
             raise
-        # The retained snapshot tells (re)connecting agents where we are; the resync
-        # command asks agents that already answered this version to re-send that update
-        # (an open round is not journalled as a whole; duplicates are dropped here).
+        # The current version's steps (or, when they are not held, the retained snapshot)
+        # tell (re)connecting agents where we are; the resync command asks agents that
+        # already answered this version to re-send that update (an open round is not
+        # journalled as a whole; duplicates are dropped here).
         hello = self._sealed(
             [
-                self._engine.snapshot_message(),
+                self._engine.restart_message(),
                 self._engine.resync_message(),
                 *self._engine.state_controls(),
             ]

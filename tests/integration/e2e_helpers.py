@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from aggregator.engine.downlink.broadcast import DownlinkMode
 from aggregator.engine.rounds import EngineConfig, RoundEngine
 from aggregator.localnet import HOST, ServiceProcess, free_port_pair, service_env, tail
 from aggregator.service.ingest import AggregatorService
@@ -410,6 +411,7 @@ def reference_run(
     feedback: FeedbackName,
     rounds: int,
     local_steps: int | None = None,
+    downlink: DownlinkMode = "exact",
 ) -> tuple[list[float], np.ndarray[Any, Any]]:
     """The same job without processes or failures: the same shards, seeds, profiles and
     :class:`RoundEngine`, the real :class:`Agent` code over ``memory://`` (the simulator's
@@ -419,7 +421,7 @@ def reference_run(
     ``job`` must be the real job's id: it is in every update's header, so it changes the
     message sizes CAT prices, and with them the T it picks. ``local_steps``: the job runs
     local training (sign-top-T agents, as ``edge-agent run --local-steps H --compressor
-    signtopk``)."""
+    signtopk``). ``downlink``: the job's ``AGG_DOWNLINK``."""
     local = None if local_steps is None else LocalConfig(local_steps=local_steps)
     full = load_dataset(problem.full, n_features=problem.features)
     eval_model = make_model("logreg", n_features=problem.features, l2=L2)
@@ -431,6 +433,7 @@ def reference_run(
             max_rounds=rounds,
             feedback="local" if local else "any",
             local=local,
+            downlink=downlink,
         ),
         evaluator=lambda x: (eval_model.loss(x, full), eval_model.accuracy(x, full)),
         profiles=resolve_profile,

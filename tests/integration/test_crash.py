@@ -46,11 +46,12 @@ from e2e_helpers import (
     wait_until,
 )
 
+from aggregator.engine.downlink.broadcast import DownlinkMode
 from aggregator.engine.rounds import EngineConfig, RoundEngine
 from edge_agent.agent.loop import FeedbackName
 from edge_agent.numerics.compressors import compress
 from edge_agent.protocol import messages, topics, wire
-from edge_agent.protocol.downlink import StateSnapshot, decode_downlink
+from edge_agent.protocol.downlink import StateSnapshot, Steps, decode_downlink
 
 pytestmark = pytest.mark.integration
 
@@ -72,16 +73,14 @@ KILL_AT = 30  # SIGKILL once /status shows this version
 def test_aggregator_recovers_from_sigkill_and_the_agents_carry_on(
     transport: str,
     feedback: FeedbackName | Literal["local"],
-    downlink: str,
+    downlink: DownlinkMode,
     request: pytest.FixtureRequest,
     tmp_path: Path,
 ) -> None:
-    """The default downlink (auto) and the exact relay. With the exact relay the agents'
-    copies are the model at every version, so the run must equal one without a crash bit
-    for bit; under auto the agents compute at their copies and the restart resyncs them, so
-    the trajectory may differ: every version once, every update once, the final copies.
-    Local training (``AGG_LOCAL_STEPS=5``): every copy of the anchor is exact at every
-    version, so it must equal the run without a crash bit for bit too."""
+    """The default downlink (auto), the exact relay and local training
+    (``AGG_LOCAL_STEPS=5``): the checkpoint keeps the broadcast state (the broadcast model,
+    the open version's operations, the newest steps), the restart re-broadcasts its version
+    as steps, so every run must equal one without a crash bit for bit."""
     local = feedback == "local"
     agent_feedback: FeedbackName = "none" if feedback == "local" else feedback
     job_settings = {"local_steps": 5} if local else {"feedback": feedback}
@@ -121,6 +120,7 @@ def test_aggregator_recovers_from_sigkill_and_the_agents_carry_on(
         status = agg.status()
         assert status["recovered_from"] in ("checkpoint.npz", "checkpoint.prev.npz")
         assert status["model_version"] >= durable >= KILL_AT - 1
+        restarted = status["model_version"]
         assert status["agents"] == 3 and status["state"] == "running"
 
         status = wait_finished(agg, fleet, timeout_s=40)
@@ -144,14 +144,25 @@ def test_aggregator_recovers_from_sigkill_and_the_agents_carry_on(
         # re-sent updates are expected and must have been dropped, never applied
         assert metrics['cat_updates_rejected_total{reason="duplicate"}'] >= 0
         assert metrics['cat_updates_rejected_total{reason="internal_error"}'] == 0
+        # the restarted aggregator re-broadcast its version as that version's steps, which
+        # the checkpoint (and the journal after it) kept: no agent received the whole model
+        # but in the periodic retained snapshots (every 50th version; none with local
+        # training) and, in an EF21 job under auto, the last version's resync (a state
+        # snapshot, as in the run without a crash), neither job-wide nor addressed
+        periodic = 0 if local else sum(v % 50 == 0 for v in range(restarted + 1, ROUNDS + 1))
+        periodic += feedback == "ef21" and downlink == "auto"
+        published = {k: v for k, v in metrics.items() if k.startswith("cat_published_messages")}
+        assert published['cat_published_messages_total{kind="snapshot"}'] == periodic, published
+        assert published.get('cat_published_messages_total{kind="agent_snapshot"}', 0) == 0
 
         # --- every agent holds the final model, bit for bit, and finished cleanly
         x = assert_models_identical(agg, fleet)
-        if downlink == "exact" or local:  # --- the same trajectory as without a crash
-            ref_losses, ref_x = reference_run(problem, job="crash", feedback=agent_feedback,
-                                              rounds=ROUNDS, local_steps=5 if local else None)  # fmt: skip
-            np.testing.assert_allclose([r["loss"] for r in rows], ref_losses, rtol=1e-9, atol=0)
-            np.testing.assert_allclose(x, ref_x, rtol=1e-9, atol=1e-12)
+        # --- the same trajectory as without a crash
+        ref_losses, ref_x = reference_run(problem, job="crash", feedback=agent_feedback,
+                                          rounds=ROUNDS, local_steps=5 if local else None,
+                                          downlink=downlink)  # fmt: skip
+        np.testing.assert_allclose([r["loss"] for r in rows], ref_losses, rtol=1e-9, atol=0)
+        np.testing.assert_allclose(x, ref_x, rtol=1e-9, atol=1e-12)
         for a in fleet.agents:
             assert a.proc.returncode == 0, a.diagnose()
             summary = a.summary()
@@ -164,7 +175,8 @@ def test_a_resent_update_for_a_version_the_agent_missed_gets_the_model_back() ->
     recovered a version that was persisted but not yet published, and ZeroMQ dropped the
     start-up snapshot before the agents re-subscribed. The agents, still at the previous
     version, re-sent their (already applied) updates, which were dropped as duplicates
-    without an answer: a livelock. Such a duplicate now brings back the snapshot."""
+    without an answer: a livelock. Such a duplicate now brings back the model: the steps
+    the checkpoint kept, or the snapshot from a checkpoint without them."""
     job, d = "crash", 8
     cfg = EngineConfig(job=job, d=d, step_size=0.5, min_agents=2)
     live = RoundEngine(cfg)
@@ -180,15 +192,23 @@ def test_a_resent_update_for_a_version_the_agent_missed_gets_the_model_back() ->
         eff = live.handle(topics.update(job, agent), blob, 1.0)
     assert eff.committed is not None and eff.committed.version == 1
     # the crash: version 1 is persisted (a checkpoint here), its delta was never published
-    engine = RoundEngine.restore(cfg, live.export())
+    saved = live.export()
+    engine = RoundEngine.restore(cfg, saved)
 
     eff = engine.handle(topics.update(job, "a"), sent["a"], 2.0)  # a's re-send, round 0
 
     assert eff.reason == "duplicate" and eff.committed is None
-    # the answer goes to a alone (cat/<job>/to/a), not to the whole job
-    snapshots = [o for o in eff.outbound if o.topic == topics.to_agent(job, "a")]
-    assert len(snapshots) == 1 and all(o.target == "a" for o in eff.outbound)
-    snap = decode_downlink(snapshots[0].payload)  # the restore lost the steps 0 -> 1
+    # the answer goes to a alone (cat/<job>/to/a), not to the whole job: the steps 0 -> 1,
+    # which the checkpoint kept
+    answers = [o for o in eff.outbound if o.topic == topics.to_agent(job, "a")]
+    assert len(answers) == 1 and all(o.target == "a" for o in eff.outbound)
+    steps = decode_downlink(answers[0].payload)
+    assert isinstance(steps, Steps) and (steps.base_version, steps.version) == (0, 1)
+    assert engine.version == 1 and engine.rejected["duplicate"] == 1  # nothing applied
+    # from a checkpoint without those steps (one written before they were kept): the snapshot
+    saved.meta["downlink"].pop("history")
+    engine = RoundEngine.restore(cfg, saved)
+    eff = engine.handle(topics.update(job, "a"), sent["a"], 2.0)
+    snap = decode_downlink(eff.outbound[0].payload)
     assert isinstance(snap, StateSnapshot) and snap.version == 1
     assert snap.x.tobytes() == engine.x.tobytes()
-    assert engine.version == 1 and engine.rejected["duplicate"] == 1  # nothing applied

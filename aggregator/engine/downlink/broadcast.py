@@ -33,7 +33,6 @@ jobs replicated exactly the aggregate the replicas step with).
 from __future__ import annotations
 
 import base64
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -41,6 +40,7 @@ from typing import Any, Final, Literal
 import numpy as np
 import numpy.typing as npt
 
+from aggregator.engine.downlink.history import StepsHistory
 from aggregator.engine.downlink.outbound import DeltaParts, Outbound, StepsParts
 from edge_agent.links.profiles import CostProfile
 from edge_agent.links.shared import SharedDownlink
@@ -107,7 +107,8 @@ class Broadcast:
         #: False after a restore: the open version's operations before it are not known,
         #: so its close broadcasts a state snapshot instead of steps
         self._ops_complete = True
-        self._history: deque[StepsParts] = deque(maxlen=max(1, window))
+        #: the newest broadcasts that chain, for catch-ups and a restart (history.py)
+        self.history = StepsHistory(job, d, window)
         self.w: FloatArray | None = None  # the broadcast model (cat mode)
         #: the EF21 aggregate as it was when the current version closed (exact mode): a
         #: state snapshot of version v must not include the changes already on their way
@@ -172,7 +173,7 @@ class Broadcast:
         """A state snapshot of ``x`` goes out: the copies become ``x``, and the steps before
         it do not chain to it."""
         self.w, self.synced = x.copy(), True
-        self._history.clear()
+        self.history.clear()
 
     # ------------------------------------------------------------- one version
 
@@ -216,9 +217,9 @@ class Broadcast:
         steps = StepsParts(self.job, self.d, base, version, family, tuple(ops))
         complete, self._ops_complete = self._ops_complete, True
         if not complete:
-            self._history.clear()
+            self.history.clear()
             return None
-        self._history.append(steps)
+        self.history.append(steps)
         if (
             self.mode == "exact"
             and family == "mean"
@@ -268,7 +269,7 @@ class Broadcast:
                 miss * _one(fleet, cat.size_bytes)
             ):
                 self.t_down, self.w, self.synced = t, moved, False
-                self._history.append(cat)
+                self.history.append(cat)
                 self.chosen["cat"] += 1
                 return Outbound(topics.delta(self.job), steps=cat)
         self.w = x.copy()
@@ -276,9 +277,9 @@ class Broadcast:
         if family == "ef21":
             self._agg_at_version = np.zeros(self.d) if aggregate is None else aggregate.copy()
         if relay.steps is not None:
-            self._history.append(relay.steps)
+            self.history.append(relay.steps)
         else:  # a resync: the steps before it do not chain to it
-            self._history.clear()
+            self.history.clear()
         self.chosen[relay.choice] += 1
         return relay.outbound(self.job)
 
@@ -381,74 +382,54 @@ class Broadcast:
         """The broadcast of a local-training version (its LOCAL operation): every copy of
         the anchor stays exact, so it is kept for catch-ups."""
         steps = StepsParts(self.job, self.d, base, version, "local", (op,))
-        self._history.append(steps)
+        self.history.append(steps)
         return Outbound(topics.delta(self.job), steps=steps)
 
     # ------------------------------------------------------------- catching up
 
     def catch_up(self, have: int | None, version: int) -> Outbound | None:
         """The merged steps from ``have`` to ``version`` if every one is held, else None."""
-        if have is None or have >= version or self.mode == "delta":
-            return None
-        chain = [s for s in self._history if s.base_version >= have]
-        if not chain or chain[0].base_version != have or chain[-1].version != version:
-            return None
-        merged = StepsParts(
-            self.job,
-            self.d,
-            have,
-            version,
-            chain[-1].family,
-            tuple(op for s in chain for op in s.ops),
-        )
-        return Outbound(topics.delta(self.job), steps=merged)
+        return None if self.mode == "delta" else self.history.catch_up(have, version)
 
     # ------------------------------------------------------------- persistence
 
     def export(self) -> dict[str, Any]:
-        """JSON-able state: the broadcast model of the compressed downlink; in auto mode
-        also whether the copies are exact, the open version's operations and the EF21
-        aggregate of the last version, so a restored engine chooses as the live one."""
+        """JSON-able state, so a restored engine goes on as the live one: the broadcast
+        model of the compressed downlinks; in the exact and auto modes the open version's
+        operations and the EF21 aggregate of the last version (auto: also whether the
+        copies are exact); the newest broadcasts (history.py), for catch-ups and for the
+        restart's own broadcast."""
         out: dict[str, Any] = {"mode": self.mode}
         if self.w is not None:
             out["w"] = b64_array(self.w)
-        if self.mode == "auto":
+        if self.mode in ("exact", "auto"):
             out["synced"] = self.synced
             out["complete"] = self._ops_complete
             out["ops"] = [base64.b64encode(op).decode("ascii") for op in self._ops]
             agg = self._agg_at_version
             out["agg_at_version"] = None if agg is None else b64_array(agg)
-        # local training: a member's state follows every LOCAL operation, so a restart
-        # keeps them for catch-ups (a member one version behind gets steps, not a reset)
-        out["local_history"] = [
-            [s.base_version, s.version, [base64.b64encode(op).decode("ascii") for op in s.ops]]
-            for s in self._history
-            if s.family == "local"
-        ]
+        out["history"] = self.history.export()
         return out
 
     def restore(self, data: dict[str, Any] | None) -> None:
-        """The inverse of :meth:`export`. The open version's operations are saved in auto
-        mode only; in the other modes the next version goes out as a state snapshot."""
+        """The inverse of :meth:`export` (ValueError for a history that does not chain).
+        From a checkpoint of another mode (or without the open version's operations) the
+        next version goes out as a state snapshot."""
         self._ops_complete = False
         self._agg_at_version = None
         data = data or {}
-        self._history.clear()
-        for base, version, ops in data.get("local_history", []):
-            ops_b = tuple(base64.b64decode(op) for op in ops)
-            self._history.append(
-                StepsParts(self.job, self.d, int(base), int(version), "local", ops_b)
-            )
+        same = data.get("mode") == self.mode
+        self.history.restore(data.get("history", data.get("local_history", [])) if same else [])
         if self.mode in ("cat", "auto") and data.get("w"):
-            w = array_from_b64(data["w"], self.d)
-            if w is not None:
-                self.w = w
-        if self.mode == "auto":
-            if data.get("mode") != "auto" or self.w is None:
-                self.synced = False  # from another mode: resync at the next version
-                return
+            self.w = array_from_b64(data["w"], self.d)
+        if self.mode == "cat":  # its change is computed from w: no operation to lose
+            self._ops_complete = self.w is not None
+        if self.mode == "auto" and (not same or self.w is None):
+            self.synced = False  # resync at the next version
+            return
+        if self.mode in ("exact", "auto") and same and "ops" in data:
             self.synced = bool(data.get("synced", False))
-            self._ops = [base64.b64decode(op) for op in data.get("ops", [])]
+            self._ops = [base64.b64decode(op) for op in data["ops"]]
             self._ops_complete = bool(data.get("complete", False))
             agg = data.get("agg_at_version")
             self._agg_at_version = None if agg is None else array_from_b64(agg, self.d)
