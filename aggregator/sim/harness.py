@@ -71,6 +71,8 @@ class FleetHarness:
         self.broker = f"{name}-{uuid.uuid4().hex}"
         self.url = f"memory://{self.broker}"
         self.agents: list[Agent] = []
+        #: per topic, what a message becomes on its way to the engine (:meth:`tamper`)
+        self._tampered: dict[str, Callable[[bytes], bytes]] = {}
         self.hub = open_transport(self.url, role="aggregator", client_id="aggregator")
         try:
             self.hub.connect()
@@ -155,11 +157,20 @@ class FleetHarness:
         ``strict``: a rejected message raises RuntimeError (nothing published) — in a
         simulation every message is well formed, so a rejection is a bug.
         """
-        effects = self.engine.handle(msg.topic, msg.payload, self.clock.now)
+        payload = msg.payload
+        if (transform := self._tampered.get(msg.topic)) is not None:
+            payload = transform(payload)
+        effects = self.engine.handle(msg.topic, payload, self.clock.now)
         if strict and effects.reason is not None:
             raise RuntimeError(f"the engine rejected {msg.topic}: {effects.reason}")
         self.publish(*effects.outbound)
         return effects
+
+    def tamper(self, topic: str, transform: Callable[[bytes], bytes]) -> None:
+        """From now on every message on ``topic`` reaches the engine as ``transform`` of
+        its payload (the simulator's hostile agent, aggregator/sim/hostile.py); the agent
+        that sent it is untouched."""
+        self._tampered[topic] = transform
 
     def pump(self, *, tick: bool = True, strict: bool = False) -> list[Effects]:
         """Hand every waiting message to the engine, then (``tick``) advance its time to

@@ -14,10 +14,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from aggregator.engine.rounds import Effects
 from aggregator.sim.harness import FleetHarness
 from edge_agent.protocol import topics, wire
-from edge_agent.transports import Message
 
 
 def scaled(blob: bytes, factor: float) -> bytes:
@@ -43,12 +41,4 @@ def scaled(blob: bytes, factor: float) -> bytes:
 def make_hostile(harness: FleetHarness, job: str, agent: str, factor: float) -> None:
     """From now on the engine of ``harness`` receives ``agent``'s updates scaled by
     ``factor`` (everything else passes unchanged)."""
-    topic = topics.update(job, agent)
-    real = harness.handle
-
-    def handle(msg: Message, *, strict: bool = False) -> Effects:
-        if msg.topic == topic:
-            msg = Message(msg.topic, scaled(msg.payload, factor))
-        return real(msg, strict=strict)
-
-    harness.handle = handle  # type: ignore[method-assign]
+    harness.tamper(topics.update(job, agent), lambda blob: scaled(blob, factor))
