@@ -29,7 +29,7 @@ from _common import emit, environment, median_seconds, parser
 
 from edge_agent.data import Dataset, make_rcv1_like
 from edge_agent.data.sparse import CSRMatrix, FloatArray
-from edge_agent.links.profiles import load_profile
+from edge_agent.links.catalog import load_profile
 from edge_agent.numerics.compressors import compress
 from edge_agent.numerics.curvature import scale_for_step, select_directional
 from edge_agent.numerics.models import Model, make_model

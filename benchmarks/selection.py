@@ -119,7 +119,7 @@ def big_fixed(g: FloatArray, compressor: str, t_target: int) -> Affine:
 
 def shipped_profiles() -> list[tuple[str, SupportsObjectiveCost]]:
     try:
-        from edge_agent.links.profiles import load_profile
+        from edge_agent.links.catalog import load_profile
     except ImportError:
         return []
     out: list[tuple[str, SupportsObjectiveCost]] = []

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
         UnknownNameError,
         WireFormatError,
     )
-    from edge_agent.links.profiles import CostProfile, list_profiles, load_profile, resolve_profile
+    from edge_agent.links.catalog import list_profiles, load_profile, resolve_profile
+    from edge_agent.links.profiles import CostProfile
     from edge_agent.numerics.compressors import COMPRESSORS, Update, compress
     from edge_agent.numerics.feedback import EF21State, ResidualMemory
     from edge_agent.numerics.selection import parse_policy, select_t
@@ -57,9 +58,9 @@ _HOME: dict[str, str] = {
         ),
         "edge_agent.errors",
     ),
+    "CostProfile": "edge_agent.links.profiles",
     **dict.fromkeys(
-        ("CostProfile", "list_profiles", "load_profile", "resolve_profile"),
-        "edge_agent.links.profiles",
+        ("list_profiles", "load_profile", "resolve_profile"), "edge_agent.links.catalog"
     ),
     **dict.fromkeys(("COMPRESSORS", "Update", "compress"), "edge_agent.numerics.compressors"),
     **dict.fromkeys(("EF21State", "ResidualMemory"), "edge_agent.numerics.feedback"),

@@ -55,7 +55,8 @@ from aggregator.service.logs import ProgressLog
 from aggregator.service.settings import Settings
 from aggregator.service.store import JournalEntry, Store, recover
 from edge_agent.errors import CatEdgeError
-from edge_agent.links.profiles import CostProfile, resolve_profile
+from edge_agent.links.catalog import resolve_profile
+from edge_agent.links.profiles import CostProfile
 from edge_agent.protocol import topics, wire_many
 from edge_agent.protocol.signing import CountingSigner
 from edge_agent.transports import Message, Transport, open_transport

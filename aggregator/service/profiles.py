@@ -10,7 +10,7 @@ from pathlib import Path
 
 from aggregator.service.errors import SettingsError
 from edge_agent.errors import ProfileError
-from edge_agent.links.profiles import (
+from edge_agent.links.catalog import (
     PROFILES_DIR_ENV,
     default_profiles_dir,
     list_profiles,

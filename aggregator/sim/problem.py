@@ -15,7 +15,8 @@ import numpy as np
 
 from aggregator.engine.downlink.broadcast import network_of
 from edge_agent.data import Dataset, load_dataset, make_rcv1_like, split_shards
-from edge_agent.links.profiles import CostProfile, resolve_profile
+from edge_agent.links.catalog import resolve_profile
+from edge_agent.links.profiles import CostProfile
 from edge_agent.numerics.models import Model, make_model
 from edge_agent.numerics.optimum import solve_optimum
 

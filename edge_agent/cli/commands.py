@@ -154,7 +154,7 @@ def _build_agent(args: argparse.Namespace) -> Agent:
     """Everything ``run`` needs before it connects (each error here is a configuration error)."""
     from edge_agent.agent.loop import Agent, AgentConfig
     from edge_agent.data import load_dataset
-    from edge_agent.links.profiles import resolve_profile
+    from edge_agent.links.catalog import resolve_profile
     from edge_agent.numerics.models import make_model
     from edge_agent.protocol.mac import read_key
     from edge_agent.protocol.signing import read_public_key

@@ -10,7 +10,7 @@ import numpy as np
 
 
 def cmd_profiles(args: argparse.Namespace) -> int:
-    from edge_agent.links.profiles import list_profiles, resolve_profile
+    from edge_agent.links.catalog import list_profiles, resolve_profile
     from edge_agent.numerics.selection import make_price, select
     from edge_agent.protocol.wire import encoded_size
 

@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from edge_agent.errors import TransportError
+from edge_agent.links.catalog import save_profile
 from edge_agent.links.profile_fit import fit_affine, measured_profile
-from edge_agent.links.profiles import CostProfile, save_profile
+from edge_agent.links.profiles import CostProfile
 
 DEFAULT_SIZES = tuple(2**k for k in range(4, 17))  # 16 B .. 64 KiB
 

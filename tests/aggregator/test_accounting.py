@@ -16,8 +16,9 @@ from aggregator.engine.accounting import (
     Spend,
     uvarint_len,
 )
+from edge_agent.links.catalog import resolve_profile
 from edge_agent.links.cost import Cost
-from edge_agent.links.profiles import CostProfile, resolve_profile
+from edge_agent.links.profiles import CostProfile
 from edge_agent.numerics.compressors import compress
 from edge_agent.protocol import wire
 

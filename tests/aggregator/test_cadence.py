@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from aggregator.engine.rounds import EngineConfig, RoundEngine
-from edge_agent.links.profiles import CostProfile, resolve_profile
+from edge_agent.links.catalog import resolve_profile
+from edge_agent.links.profiles import CostProfile
 from edge_agent.numerics.compressors import Semantics, compress
 from edge_agent.numerics.local import LocalConfig
 from edge_agent.protocol import messages, topics, wire

@@ -37,7 +37,7 @@ from aggregator.service.settings import Settings
 from aggregator.web.app import STATIC_DIR, create_app
 from edge_agent.agent.loop import Agent, AgentConfig
 from edge_agent.data import make_rcv1_like, split_shards, write_npz
-from edge_agent.links.profiles import resolve_profile
+from edge_agent.links.catalog import resolve_profile
 from edge_agent.numerics.models import make_model
 from edge_agent.transports import drop_broker, open_transport
 

@@ -24,7 +24,7 @@ from aggregator.sim.problem import build_fleet, build_problem
 from edge_agent.agent.loop import AgentConfig
 from edge_agent.data import Dataset
 from edge_agent.data.sparse import CSRMatrix
-from edge_agent.links.profiles import resolve_profile
+from edge_agent.links.catalog import resolve_profile
 from edge_agent.numerics.compressors import SEMANTICS, Update, compress
 from edge_agent.numerics.models import Model, make_model
 from edge_agent.protocol import messages, topics, wire

@@ -13,8 +13,8 @@ from aggregator.engine.downlink.outbound import PUBLISHED_KINDS, Outbound
 from aggregator.engine.downlink.pacing import SNAPSHOT_ANSWER_INTERVAL_S
 from aggregator.engine.rounds import EngineConfig, RoundEngine
 from aggregator.web.metrics import AggregatorMetrics
+from edge_agent.links.catalog import resolve_profile
 from edge_agent.links.cost import ZERO
-from edge_agent.links.profiles import resolve_profile
 from edge_agent.numerics.compressors import Update
 from edge_agent.protocol import messages, topics, wire
 

@@ -10,7 +10,7 @@ import pytest
 
 from aggregator.engine.downlink.broadcast import gateway_limit, network_of
 from aggregator.engine.rounds import EngineConfig, RoundEngine
-from edge_agent.links.profiles import resolve_profile
+from edge_agent.links.catalog import resolve_profile
 from edge_agent.numerics.compressors import compress
 from edge_agent.protocol import messages, topics, wire
 

@@ -21,7 +21,7 @@ from aggregator.sim.harness import FleetHarness
 from edge_agent.agent.loop import Agent, AgentConfig
 from edge_agent.data import Dataset
 from edge_agent.data.datagen import make_rcv1_like, split_shards
-from edge_agent.links.profiles import load_profile
+from edge_agent.links.catalog import load_profile
 from edge_agent.numerics.local import LocalConfig, round_steps
 from edge_agent.numerics.models import Model, make_model
 from edge_agent.protocol import jobinfo, messages

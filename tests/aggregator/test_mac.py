@@ -25,7 +25,7 @@ from edge_agent.agent.loop import AgentConfig
 from edge_agent.cli import commands as cli
 from edge_agent.data import make_rcv1_like, write_libsvm
 from edge_agent.errors import WireFormatError
-from edge_agent.links.profiles import resolve_profile
+from edge_agent.links.catalog import resolve_profile
 from edge_agent.numerics.compressors import Update
 from edge_agent.numerics.models import make_model
 from edge_agent.numerics.selection import make_price

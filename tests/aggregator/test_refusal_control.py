@@ -222,7 +222,7 @@ def test_an_ef21_agent_in_a_plain_job_hears_why_and_gives_up(memory_url: str) ->
     """The issue's case: the agent sat through hundreds of rounds, refused, none the wiser."""
     from edge_agent.agent.loop import Agent, AgentConfig
     from edge_agent.data import make_rcv1_like
-    from edge_agent.links.profiles import resolve_profile
+    from edge_agent.links.catalog import resolve_profile
     from edge_agent.numerics.models import make_model
 
     now = [0.0]

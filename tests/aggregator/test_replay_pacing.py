@@ -155,7 +155,7 @@ def _without_refusals(state: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 def _profile(name: str) -> Any:
-    from edge_agent.links.profiles import resolve_profile
+    from edge_agent.links.catalog import resolve_profile
 
     return resolve_profile(name)
 

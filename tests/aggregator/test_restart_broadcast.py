@@ -21,7 +21,7 @@ from aggregator.engine.types import EngineConfig
 from aggregator.sim.harness import FleetHarness
 from edge_agent.agent.loop import AgentConfig
 from edge_agent.data.datagen import make_rcv1_like, split_shards
-from edge_agent.links.profiles import load_profile
+from edge_agent.links.catalog import load_profile
 from edge_agent.numerics.models import make_model
 from edge_agent.protocol import topics
 from edge_agent.protocol.downlink import Steps, decode_downlink

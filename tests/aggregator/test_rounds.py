@@ -307,7 +307,7 @@ def test_fresh_hello_resets_deduplication() -> None:
 
 
 def test_spend_prices_bytes_with_agent_profile() -> None:
-    from edge_agent.links.profiles import resolve_profile
+    from edge_agent.links.catalog import resolve_profile
 
     profile = resolve_profile("paper_packet_model")
     eng = RoundEngine(EngineConfig(job=JOB, d=D, step_size=GAMMA), profiles=resolve_profile)
@@ -678,7 +678,7 @@ def test_dedupe_log_stays_bounded_without_checkpoints() -> None:
 
 
 def test_round_record_prices_each_agents_updates_on_its_own_profile() -> None:
-    from edge_agent.links.profiles import resolve_profile
+    from edge_agent.links.catalog import resolve_profile
 
     eng = RoundEngine(EngineConfig(job=JOB, d=D, step_size=GAMMA), profiles=resolve_profile)
     join(eng, "a", profile="lorawan_eu868_dr5_sf7")
@@ -724,7 +724,7 @@ def test_downlink_pacing_spaces_versions_by_every_live_agents_caps() -> None:
     cannot close before its link has recovered from the last broadcast (a day / 10 per
     downlink packet), even when everyone has reported; a link without caps adds nothing."""
     from aggregator.engine.downlink.broadcast import downlink_interval_s
-    from edge_agent.links.profiles import resolve_profile
+    from edge_agent.links.catalog import resolve_profile
 
     eng = RoundEngine(  # live throughout: a holder that is lost no longer holds (issue 20)
         EngineConfig(job=JOB, d=D, step_size=GAMMA, downlink_pacing=True, liveness_timeout_s=1e5),

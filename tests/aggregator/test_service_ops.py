@@ -24,7 +24,7 @@ from aggregator.service.profiles import check_profiles_dir
 from aggregator.service.settings import Settings, SettingsError
 from aggregator.web.app import create_app
 from edge_agent.cli.logs import JsonFormatter
-from edge_agent.links.profiles import PROFILES_DIR_ENV, default_profiles_dir
+from edge_agent.links.catalog import PROFILES_DIR_ENV, default_profiles_dir
 from edge_agent.numerics.compressors import compress
 from edge_agent.protocol import messages, topics, wire
 from edge_agent.transports import Transport, open_transport

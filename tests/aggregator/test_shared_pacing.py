@@ -9,7 +9,7 @@ import numpy as np
 
 from aggregator.engine.downlink.outbound import Outbound
 from aggregator.engine.rounds import EngineConfig, RoundEngine
-from edge_agent.links.profiles import resolve_profile
+from edge_agent.links.catalog import resolve_profile
 from edge_agent.protocol import messages, topics
 
 JOB = "mc"

@@ -15,7 +15,7 @@ from aggregator.service.settings import Settings, SettingsError
 from aggregator.sim.harness import FleetHarness
 from edge_agent.agent.loop import AgentConfig
 from edge_agent.data import make_rcv1_like
-from edge_agent.links.profiles import resolve_profile
+from edge_agent.links.catalog import resolve_profile
 from edge_agent.numerics.models import make_model
 from edge_agent.protocol import topics
 from edge_agent.protocol.signing import (

@@ -9,7 +9,7 @@ from aggregator.engine.rounds import EngineConfig, RoundEngine
 from aggregator.sim.harness import FleetHarness
 from edge_agent.agent.loop import AgentConfig
 from edge_agent.data import make_rcv1_like
-from edge_agent.links.profiles import resolve_profile
+from edge_agent.links.catalog import resolve_profile
 from edge_agent.numerics.models import make_model
 from edge_agent.protocol import topics
 from edge_agent.transports import get_broker, open_transport

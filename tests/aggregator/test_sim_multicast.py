@@ -15,7 +15,7 @@ import pytest
 from aggregator.sim import cli
 from aggregator.sim.audit import Margin, audit, worst
 from aggregator.sim.problem import on_group
-from edge_agent.links.profiles import resolve_profile
+from edge_agent.links.catalog import resolve_profile
 
 TINY = ["--rows", "300", "--features", "400", "--seed", "3", "--max-rounds", "400"]
 FLEET = ["--agents", "2", "--profiles", "lorawan_eu868_dr5_sf7,lorawan_eu868_dr0_sf12",

@@ -7,7 +7,7 @@ import pytest
 
 from aggregator.sim.problem import on_group
 from aggregator.sim.timing import receives_while_silent, reception_ends, uplink_arrivals
-from edge_agent.links.profiles import resolve_profile
+from edge_agent.links.catalog import resolve_profile
 
 GROUP = "lorawan_eu868_dr0_sf12_mcast_c_dr3"
 

@@ -16,7 +16,7 @@ from aggregator.engine.guard import UpdateGuard
 from aggregator.engine.robust_round import parse_aggregation
 from aggregator.engine.rounds import Effects, EngineConfig, RoundEngine
 from aggregator.service.store import JournalEntry, apply_entry
-from edge_agent.links.profiles import resolve_profile
+from edge_agent.links.catalog import resolve_profile
 from edge_agent.numerics.compressors import Update, compress
 from edge_agent.protocol import messages, topics, wire
 

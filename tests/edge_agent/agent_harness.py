@@ -7,7 +7,7 @@ import numpy as np
 
 from edge_agent.agent.loop import Agent, AgentConfig
 from edge_agent.data import make_rcv1_like
-from edge_agent.links.profiles import resolve_profile
+from edge_agent.links.catalog import resolve_profile
 from edge_agent.numerics.models import make_model
 from edge_agent.protocol import topics
 from edge_agent.transports import Transport, open_transport

@@ -15,7 +15,7 @@ from edge_agent.agent.loop import Agent, AgentConfig
 from edge_agent.cli.commands import main
 from edge_agent.cli.summary import run_summary
 from edge_agent.data import load_dataset
-from edge_agent.links.profiles import list_profiles, load_profile, resolve_profile
+from edge_agent.links.catalog import list_profiles, load_profile, resolve_profile
 from edge_agent.numerics.models import make_model
 from edge_agent.protocol import topics, wire
 from edge_agent.transports import open_transport

@@ -9,13 +9,8 @@ from typing import Any
 import pytest
 
 from edge_agent.errors import ProfileError
-from edge_agent.links.profiles import (
-    ComputePart,
-    list_profiles,
-    load_profile,
-    parse_profile,
-    profile_to_json,
-)
+from edge_agent.links.catalog import list_profiles, load_profile
+from edge_agent.links.profiles import ComputePart, parse_profile, profile_to_json
 
 FLEET = ("lorawan_eu868_dr5_sf7", "lorawan_eu868_dr0_sf12", "ble5_2m_dle_notify",
          "nbiot_udp_psm_rai", "wifi_rpi4_mqtt_tls13")  # fmt: skip

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from edge_agent.data import Dataset, make_rcv1_like
 from edge_agent.data.sparse import CSRMatrix, prefix_sq_norms, sum_sq_norm
 from edge_agent.errors import DataError
-from edge_agent.links.profiles import load_profile
+from edge_agent.links.catalog import load_profile
 from edge_agent.numerics import curvature as cv
 from edge_agent.numerics.compressors import compress
 from edge_agent.numerics.models import CurvaturePass, Model, make_model

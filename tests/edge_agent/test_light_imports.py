@@ -87,7 +87,7 @@ def test_the_zmq_run_path_skips_calibration_fitting_and_mqtt() -> None:
     loaded = _modules_after(
         "import edge_agent.cli.commands, edge_agent.agent.loop, edge_agent.data\n"
         "import edge_agent.transports.zmq\n"
-        "from edge_agent.links.profiles import resolve_profile\n"
+        "from edge_agent.links.catalog import resolve_profile\n"
         "resolve_profile('lorawan_eu868_dr5_sf7')"
     )
     assert sorted(m for m in loaded if m.split(".")[0] == "paho" or m in RUN_PATH_LAZY) == []
@@ -100,7 +100,7 @@ RUN_PATH = (
     "import edge_agent, edge_agent.cli.commands, edge_agent.agent.loop, edge_agent.data\n"
     "import edge_agent.numerics.models, edge_agent.protocol.mac, edge_agent.transports\n"
     "import edge_agent.transports.zmq, edge_agent.transports.mqtt\n"
-    "from edge_agent.links.profiles import resolve_profile\n"
+    "from edge_agent.links.catalog import resolve_profile\n"
     "resolve_profile('lorawan_eu868_dr5_sf7')\n"
     "from edge_agent.protocol import jobinfo\n"
     'jobinfo.parse(b\'{"type":"job","job":"j","d":3,"model":"logreg",\'\n'
@@ -126,7 +126,7 @@ PYDANTIC_WATCH = (
 
 def test_profiles_and_job_info_load_no_pydantic() -> None:
     loaded = _modules_after(
-        "from edge_agent.links.profiles import list_profiles\n"
+        "from edge_agent.links.catalog import list_profiles\n"
         "list_profiles()\n"
         "from edge_agent.protocol import jobinfo\n"
         "jobinfo.JobInfo(job='j', d=3, model='logreg', feedback='none', compressors=('topk',))"
@@ -168,7 +168,7 @@ def test_reading_data_and_choosing_t_load_no_numpy_ma(tmp_path: Path) -> None:
         "import numpy as np\n"
         "from edge_agent.data import load_dataset\n"
         f"ds = load_dataset({str(shard)!r}, n_features=20)\n"
-        "from edge_agent.links.profiles import resolve_profile\n"
+        "from edge_agent.links.catalog import resolve_profile\n"
         "from edge_agent.numerics.selection import select_t\n"
         "g = np.random.default_rng(0).standard_normal(5000)\n"
         "select_t(g, 'topk', resolve_profile('lorawan_eu868_dr5_sf7'), job='j', agent='a')\n"

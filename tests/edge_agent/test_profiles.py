@@ -15,19 +15,21 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from edge_agent.errors import ProfileError
-from edge_agent.links.profile_fit import fit_affine, measured_profile
-from edge_agent.links.profiles import (
-    METRICS,
+from edge_agent.links.catalog import (
     PROFILES_DIR_ENV,
-    CostProfile,
-    MessageCost,
-    PacketProfile,
     default_profiles_dir,
     list_profiles,
     load_profile,
-    parse_profile,
     resolve_profile,
     save_profile,
+)
+from edge_agent.links.profile_fit import fit_affine, measured_profile
+from edge_agent.links.profiles import (
+    METRICS,
+    CostProfile,
+    MessageCost,
+    PacketProfile,
+    parse_profile,
 )
 
 REPO_PROFILES = Path(__file__).resolve().parents[2] / "cost_profiles"

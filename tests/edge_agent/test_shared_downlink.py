@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from edge_agent.errors import ProfileError
-from edge_agent.links.profiles import load_profile, parse_profile, profile_to_json, resolve_profile
+from edge_agent.links.catalog import load_profile, resolve_profile
+from edge_agent.links.profiles import parse_profile, profile_to_json
 from edge_agent.links.shared import SharedDownlink
 from edge_agent.protocol.fragments import FRAME_HEADER_BYTES, encode_fragments
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from edge_agent.data import Dataset
-from edge_agent.links.profiles import resolve_profile
+from edge_agent.links.catalog import resolve_profile
 from edge_agent.numerics.compressors import compress, randk_probabilities
 from edge_agent.numerics.feedback import ResidualMemory
 from edge_agent.numerics.selection import (

@@ -34,7 +34,8 @@ from aggregator.service.settings import Settings, load_settings
 from aggregator.sim.harness import FleetHarness
 from edge_agent.agent.loop import Agent, AgentConfig, FeedbackName
 from edge_agent.data import load_dataset, make_rcv1_like, split_shards, write_libsvm
-from edge_agent.links.profiles import CostProfile, parse_profile, profile_to_json, resolve_profile
+from edge_agent.links.catalog import resolve_profile
+from edge_agent.links.profiles import CostProfile, parse_profile, profile_to_json
 from edge_agent.numerics.local import LocalConfig
 from edge_agent.numerics.models import make_model
 from edge_agent.numerics.optimum import solve_optimum

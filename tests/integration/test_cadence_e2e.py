@@ -26,7 +26,7 @@ from e2e_helpers import (
 )
 
 from aggregator.localnet import HOST, free_port_pair
-from edge_agent.links.profiles import PROFILES_DIR_ENV, resolve_profile, save_profile
+from edge_agent.links.catalog import PROFILES_DIR_ENV, resolve_profile, save_profile
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -42,7 +42,7 @@ import pytest
 from e2e_helpers import AggregatorProcess, scaled_profile, server_url, wait_until
 
 from aggregator.localnet import service_env, tail
-from edge_agent.links.profiles import PROFILES_DIR_ENV, save_profile
+from edge_agent.links.catalog import PROFILES_DIR_ENV, save_profile
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

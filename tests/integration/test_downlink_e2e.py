@@ -36,7 +36,7 @@ from e2e_helpers import (
 
 from aggregator.service.ingest import AggregatorService
 from edge_agent.agent.loop import AgentConfig
-from edge_agent.links.profiles import resolve_profile
+from edge_agent.links.catalog import resolve_profile
 from edge_agent.protocol import topics
 
 pytestmark = pytest.mark.integration

@@ -26,11 +26,8 @@ from e2e_helpers import AgentThread, make_problem, scaled_profile, service_setti
 from aggregator.localnet import HOST, free_port_pair
 from aggregator.service.ingest import AggregatorService
 from edge_agent.agent.loop import AgentConfig
-from edge_agent.links.profiles import (
-    PROFILES_DIR_ENV,
-    CostProfile,
-    save_profile,
-)
+from edge_agent.links.catalog import PROFILES_DIR_ENV, save_profile
+from edge_agent.links.profiles import CostProfile
 from edge_agent.protocol import topics
 
 pytestmark = pytest.mark.integration

@@ -121,9 +121,9 @@ def test_the_installed_wheel_is_what_runs(installed: Installed) -> None:
     done = installed.run(
         installed.script("python"),
         "-c",
-        "import aggregator, edge_agent, edge_agent.links.profiles, numpy; "
+        "import aggregator, edge_agent, edge_agent.links.catalog, numpy; "
         "print(edge_agent.__file__); "
-        "print(aggregator.__file__); print(edge_agent.links.profiles.default_profiles_dir())",
+        "print(aggregator.__file__); print(edge_agent.links.catalog.default_profiles_dir())",
     )
     assert done.returncode == 0, done.stderr
     edge_file, agg_file, profiles_dir = done.stdout.split()

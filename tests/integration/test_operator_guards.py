@@ -33,7 +33,7 @@ from aggregator.localnet import (
     free_port_pair,
     service_env,
 )
-from edge_agent.links.profiles import PROFILES_DIR_ENV
+from edge_agent.links.catalog import PROFILES_DIR_ENV
 from edge_agent.protocol import messages, topics
 from edge_agent.transports import open_transport
 

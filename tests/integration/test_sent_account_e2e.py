@@ -37,7 +37,7 @@ from aggregator.service.ingest import AggregatorService
 from aggregator.web.app import get_status
 from aggregator.web.metrics import AggregatorMetrics
 from edge_agent.agent.loop import AgentConfig
-from edge_agent.links.profiles import resolve_profile
+from edge_agent.links.catalog import resolve_profile
 from edge_agent.protocol import topics, wire
 from edge_agent.protocol.downlink import StateSnapshot, decode_downlink
 

@@ -23,7 +23,7 @@ from aggregator.service.ingest import AggregatorService
 from aggregator.service.settings import SettingsError, load_settings
 from edge_agent.agent.loop import Agent, AgentConfig
 from edge_agent.data.datagen import make_rcv1_like, split_shards
-from edge_agent.links.profiles import resolve_profile
+from edge_agent.links.catalog import resolve_profile
 from edge_agent.numerics.models import make_model
 from edge_agent.protocol import topics
 from edge_agent.transports import Message, Transport, open_transport
