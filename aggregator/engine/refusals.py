@@ -172,14 +172,18 @@ class Refusals:
         """Record the refusal; what to tell ``agent``: control ``refused`` (:meth:`tell`,
         rate-limited) and, with a reason about its settings, the job's settings addressed
         to it alone, every time (an agent that reads them gives up; the hellos that ask are
-        spaced by the agent's own back-off)."""
+        spaced by the agent's own back-off). Within the rate limit the refusal goes with
+        those settings too, addressed to the agent alone (the fleet pays nothing for it): an
+        agent whose first answer was lost (its ZeroMQ subscription not yet up when it went
+        out) still hears why before it reads the settings and gives up."""
         if reason in RECORDED_REASONS:
             self.refused_agents.record(agent, reason, now)
         told = self.tell(agent, reason, detail, now, version)
-        out = () if told is None else (told,)
         if self.announce is None or reason not in messages.REFUSAL_FATAL:
-            return out
-        return (*out, addressed(self.announce, self.job, agent))
+            return () if told is None else (told,)
+        if told is None:
+            told = addressed(self._refusal(agent, reason, detail, version), self.job, agent)
+        return (told, addressed(self.announce, self.job, agent))
 
     def tell(
         self, agent: str, reason: str, detail: str, now: float, version: int
@@ -197,6 +201,10 @@ class Refusals:
             for k in old or list(self._told_at):
                 del self._told_at[k]
         self._told_at[key] = now
+        return self._refusal(agent, reason, detail, version)
+
+    def _refusal(self, agent: str, reason: str, detail: str, version: int) -> Outbound:
+        """Control ``refused`` for ``agent`` on the job's control topic."""
         ctl = messages.Control(
             cmd="refused",
             agent=agent,

@@ -98,9 +98,14 @@ def test_the_refusal_names_the_jobs_value_and_the_fix_and_carries_the_settings()
     info = jobinfo.parse(addressed[0].payload)
     assert info is not None and (info.feedback, info.family, info.d) == ("ef21", "ef21", D)
     assert eff.outbound[0].topic == topics.control(JOB)  # the WARNING first, then the settings
-    again = eng.handle(*hello("bad", "plain"), 2.0)  # within the rate limit: settings only
+    # within the rate limit nothing goes to the whole job: the refusal and the settings go
+    # to the agent alone (its first answer may have been lost), the WARNING first
+    again = eng.handle(*hello("bad", "plain"), 2.0)
     assert refused_controls(again.outbound) == []
-    assert [o.topic for o in again.outbound] == [topics.to_agent(JOB, "bad")]
+    assert [o.topic for o in again.outbound] == [topics.to_agent(JOB, "bad")] * 2
+    ctl = messages.parse(messages.Control, again.outbound[0].payload)
+    assert (ctl.cmd, ctl.agent, ctl.reason) == ("refused", "bad", "wrong_semantics")
+    assert jobinfo.parse(again.outbound[1].payload) is not None
 
 
 def test_wrong_d_and_model_name_the_setting_and_the_fix() -> None:
