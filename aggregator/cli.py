@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any, Literal, Protocol, get_args, get_origin
 
-from edge_agent.cli.commands import DefaultsFormatter, package_version
+from edge_agent.cli.parser import DefaultsFormatter, package_version
 from edge_agent.errors import CatEdgeError
 
 

@@ -41,7 +41,7 @@ from aggregator.sim.report import (
     summary_table,
     write_json,
 )
-from edge_agent.cli.commands import DefaultsFormatter
+from edge_agent.cli.parser import DefaultsFormatter
 from edge_agent.data import SHARDINGS
 from edge_agent.errors import CatEdgeError
 from edge_agent.numerics.models import MODELS
