@@ -130,8 +130,10 @@ class Settings(BaseSettings):
         None,
         ge=0,
         description="Also retain a full snapshot every N versions (0: start/request only). "
-        "Unset: 50, or 0 in a minibatch job (AGG_BATCH_SIZE), whose hundreds of versions "
-        "would make the snapshots outweigh the compressed traffic.",
+        "Unset: 50 with an MQTT transport, else 0 (ZeroMQ retains nothing, so every agent "
+        "would only receive the model again); 0 in a minibatch job (AGG_BATCH_SIZE), whose "
+        "hundreds of versions would make the snapshots outweigh the compressed traffic, "
+        "and in a local-training job.",
     )
     # --- what agents may claim (aggregator.engine.admission.Limits, docs/operating.md)
     step_rule: Literal["mean", "median"] = Field(
@@ -442,10 +444,15 @@ class Settings(BaseSettings):
     @property
     def effective_snapshot_every(self) -> int:
         """AGG_SNAPSHOT_EVERY as set, else 0 for a minibatch or local-training job (hundreds
-        of versions, or copies that are always exact) and the engine's default."""
+        of versions, or copies that are always exact) and for a service without an MQTT
+        transport (a periodic snapshot is there to be retained for late joiners, and
+        ZeroMQ retains nothing: every live agent would just receive the whole model),
+        else the engine's default."""
         if self.snapshot_every is not None:
             return self.snapshot_every
         if self.batch_size is not None or self.local_training:
+            return 0
+        if not any(parse_url(url).scheme in MQTT_SCHEMES for url in self.transports):
             return 0
         return EngineConfig.snapshot_every
 

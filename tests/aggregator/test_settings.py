@@ -121,10 +121,13 @@ def test_create_app_reads_no_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     create_app()  # settings are read when the lifespan starts, not here
 
 
-def test_a_minibatch_job_retains_no_periodic_snapshot_unless_told(
+def test_periodic_snapshots_are_retained_only_over_mqtt_and_never_in_minibatch_jobs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("AGG_D", "10")
+    # ZeroMQ (the default transport) retains nothing: no periodic snapshot unless asked
+    assert load_settings().engine_config().snapshot_every == 0
+    monkeypatch.setenv("AGG_TRANSPORTS", "zmq+tcp://127.0.0.1:5555,mqtt://127.0.0.1:1883")
     assert load_settings().engine_config().snapshot_every == 50
     monkeypatch.setenv("AGG_BATCH_SIZE", "0.1")
     assert load_settings().engine_config().snapshot_every == 0
