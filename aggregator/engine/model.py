@@ -143,7 +143,7 @@ class JobModel:
 
     def latest(self, version: int) -> Outbound | None:
         """The broadcast that ended at ``version``, if held (None: a snapshot must go)."""
-        return None if self._down.mode == "delta" else self._down.history.latest(version)
+        return self._down.latest(version)
 
     # ------------------------------------------------------------------ changes
 

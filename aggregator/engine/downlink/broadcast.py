@@ -391,6 +391,10 @@ class Broadcast:
         """The merged steps from ``have`` to ``version`` if every one is held, else None."""
         return None if self.mode == "delta" else self.history.catch_up(have, version)
 
+    def latest(self, version: int) -> Outbound | None:
+        """The broadcast that ended at ``version``, if held: a restart's (None: a snapshot)."""
+        return None if self.mode == "delta" else self.history.latest(version)
+
     # ------------------------------------------------------------- persistence
 
     def export(self) -> dict[str, Any]:
